@@ -1,0 +1,10 @@
+//! The sandhost host runtime: it knows nothing of HTTP or the CLI.
+//!
+//! - [`store`]: SQLite state under the home directory (environments,
+//!   sandboxes, leases, runs) with embedded, versioned migrations.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod store;
+
+pub use error::RuntimeError;
