@@ -6,5 +6,6 @@
 
 pub mod error;
 pub mod store;
+pub mod worker;
 
 pub use error::RuntimeError;
