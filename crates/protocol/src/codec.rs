@@ -22,13 +22,17 @@ pub const DEFAULT_MAX_FRAME_LEN: usize = 16 * 1024 * 1024;
 /// [`FrameError::InvalidRequest`] for JSON that is not a JSON-RPC 2.0 message
 /// (answer -32600, with the id when one could be read).
 pub fn decode_frame(bytes: &[u8]) -> Result<Message, FrameError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| FrameError::Parse { detail: e.to_string() })?;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| FrameError::Parse {
+        detail: e.to_string(),
+    })?;
     message_from_value(value)
 }
 
 fn invalid(detail: impl Into<String>, id: Option<Id>) -> FrameError {
-    FrameError::InvalidRequest { detail: detail.into(), id }
+    FrameError::InvalidRequest {
+        detail: detail.into(),
+        id,
+    }
 }
 
 /// Turns a parsed JSON value into a message, with the same rules as [`decode_frame`].
@@ -40,7 +44,10 @@ pub fn message_from_value(value: Value) -> Result<Message, FrameError> {
     match obj.get("jsonrpc") {
         Some(Value::String(v)) if v == "2.0" => {}
         Some(other) => {
-            return Err(invalid(format!("`jsonrpc` must be \"2.0\", found {other}"), readable_id))
+            return Err(invalid(
+                format!("`jsonrpc` must be \"2.0\", found {other}"),
+                readable_id,
+            ))
         }
         None => return Err(invalid("missing `jsonrpc` member", readable_id)),
     }
@@ -51,12 +58,26 @@ pub fn message_from_value(value: Value) -> Result<Message, FrameError> {
         let params = match obj.remove("params") {
             None | Some(Value::Null) => None,
             Some(p @ (Value::Object(_) | Value::Array(_))) => Some(p),
-            Some(_) => return Err(invalid("`params` must be an object or an array", readable_id)),
+            Some(_) => {
+                return Err(invalid(
+                    "`params` must be an object or an array",
+                    readable_id,
+                ))
+            }
         };
         return match obj.get("id") {
-            None => Ok(Message::Notification(Notification { jsonrpc: V2, method, params })),
+            None => Ok(Message::Notification(Notification {
+                jsonrpc: V2,
+                method,
+                params,
+            })),
             Some(_) => match readable_id {
-                Some(id) => Ok(Message::Request(Request { jsonrpc: V2, id, method, params })),
+                Some(id) => Ok(Message::Request(Request {
+                    jsonrpc: V2,
+                    id,
+                    method,
+                    params,
+                })),
                 None => Err(invalid("`id` must be a number or a string", None)),
             },
         };
@@ -64,7 +85,10 @@ pub fn message_from_value(value: Value) -> Result<Message, FrameError> {
     response_from_object(obj, readable_id)
 }
 
-fn response_from_object(mut obj: Map<String, Value>, id: Option<Id>) -> Result<Message, FrameError> {
+fn response_from_object(
+    mut obj: Map<String, Value>,
+    id: Option<Id>,
+) -> Result<Message, FrameError> {
     match obj.get("id") {
         Some(Value::Null) => {}
         Some(_) if id.is_some() => {}
@@ -83,13 +107,18 @@ fn response_from_object(mut obj: Map<String, Value>, id: Option<Id>) -> Result<M
         }
         (None, None) => return Err(invalid("message has no `method`, `result` or `error`", id)),
     };
-    Ok(Message::Response(Response { jsonrpc: V2, id, payload }))
+    Ok(Message::Response(Response {
+        jsonrpc: V2,
+        id,
+        payload,
+    }))
 }
 
 /// Encodes a message as one compact JSON line ending in `\n`.
 pub fn encode_message(message: &Message) -> Result<Vec<u8>, FrameError> {
-    let mut out =
-        serde_json::to_vec(message).map_err(|e| FrameError::Encode { detail: e.to_string() })?;
+    let mut out = serde_json::to_vec(message).map_err(|e| FrameError::Encode {
+        detail: e.to_string(),
+    })?;
     out.push(b'\n');
     Ok(out)
 }
@@ -112,7 +141,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// A reader whose frames (without the newline) may be at most `max_frame_len` bytes.
     pub fn with_max_frame_len(reader: R, max_frame_len: usize) -> Self {
-        FrameReader { inner: BufReader::new(reader), max_frame_len, line: Vec::new(), discarding: None }
+        FrameReader {
+            inner: BufReader::new(reader),
+            max_frame_len,
+            line: Vec::new(),
+            discarding: None,
+        }
     }
 
     pub fn max_frame_len(&self) -> usize {
@@ -169,7 +203,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     fn too_large(&self, len: usize) -> FrameError {
-        FrameError::FrameTooLarge { len, limit: self.max_frame_len }
+        FrameError::FrameTooLarge {
+            len,
+            limit: self.max_frame_len,
+        }
     }
 }
 

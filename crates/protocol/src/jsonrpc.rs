@@ -25,7 +25,9 @@ impl<'de> Deserialize<'de> for V2 {
         if v == "2.0" {
             Ok(V2)
         } else {
-            Err(serde::de::Error::custom(format!("unsupported jsonrpc version `{v}`")))
+            Err(serde::de::Error::custom(format!(
+                "unsupported jsonrpc version `{v}`"
+            )))
         }
     }
 }
@@ -158,7 +160,10 @@ impl RpcErrorCode {
 
     /// The code for a numeric wire code.
     pub fn from_code(code: i64) -> RpcErrorCode {
-        Self::ALL.into_iter().find(|c| c.code() == code).unwrap_or(RpcErrorCode::Other(code))
+        Self::ALL
+            .into_iter()
+            .find(|c| c.code() == code)
+            .unwrap_or(RpcErrorCode::Other(code))
     }
 }
 
@@ -185,7 +190,11 @@ pub struct RpcError {
 
 impl RpcError {
     pub fn new(code: RpcErrorCode, message: impl Into<String>) -> Self {
-        RpcError { code, message: message.into(), data: None }
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
     }
 
     pub fn with_data(mut self, data: Value) -> Self {
@@ -214,7 +223,12 @@ pub struct Request {
 
 impl Request {
     pub fn new(id: impl Into<Id>, method: impl Into<String>, params: Option<Value>) -> Self {
-        Request { jsonrpc: V2, id: id.into(), method: method.into(), params }
+        Request {
+            jsonrpc: V2,
+            id: id.into(),
+            method: method.into(),
+            params,
+        }
     }
 }
 
@@ -229,7 +243,11 @@ pub struct Notification {
 
 impl Notification {
     pub fn new(method: impl Into<String>, params: Option<Value>) -> Self {
-        Notification { jsonrpc: V2, method: method.into(), params }
+        Notification {
+            jsonrpc: V2,
+            method: method.into(),
+            params,
+        }
     }
 }
 
@@ -254,11 +272,19 @@ pub struct Response {
 
 impl Response {
     pub fn ok(id: Id, result: Value) -> Self {
-        Response { jsonrpc: V2, id: Some(id), payload: ResponsePayload::Result(result) }
+        Response {
+            jsonrpc: V2,
+            id: Some(id),
+            payload: ResponsePayload::Result(result),
+        }
     }
 
     pub fn err(id: Option<Id>, error: RpcError) -> Self {
-        Response { jsonrpc: V2, id, payload: ResponsePayload::Error(error) }
+        Response {
+            jsonrpc: V2,
+            id,
+            payload: ResponsePayload::Error(error),
+        }
     }
 
     /// The result, or the error as `Err`.

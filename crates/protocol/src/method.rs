@@ -106,8 +106,11 @@ impl Method {
     ];
 
     /// Every worker -> host notification.
-    pub const NOTIFICATIONS: &'static [Method] =
-        &[Method::ExecuteLog, Method::DuplexChannelData, Method::DuplexChannelExit];
+    pub const NOTIFICATIONS: &'static [Method] = &[
+        Method::ExecuteLog,
+        Method::DuplexChannelData,
+        Method::DuplexChannelExit,
+    ];
 
     pub const fn is_optional(self) -> bool {
         matches!(self.kind(), MethodKind::Optional)
@@ -207,21 +210,32 @@ pub mod methods {
 }
 
 fn to_value<T: Serialize>(v: &T) -> Result<Value, FrameError> {
-    serde_json::to_value(v).map_err(|e| FrameError::Encode { detail: e.to_string() })
+    serde_json::to_value(v).map_err(|e| FrameError::Encode {
+        detail: e.to_string(),
+    })
 }
 
 /// Decodes params (or a result) of `method`; absent params read as `{}`.
 fn from_params<T: DeserializeOwned>(method: &str, params: Option<&Value>) -> Result<T, FrameError> {
     let empty = Value::Object(Default::default());
     let value = params.unwrap_or(&empty);
-    T::deserialize(value)
-        .map_err(|e| FrameError::InvalidParams { method: method.to_owned(), detail: e.to_string() })
+    T::deserialize(value).map_err(|e| FrameError::InvalidParams {
+        method: method.to_owned(),
+        detail: e.to_string(),
+    })
 }
 
 impl Request {
     /// A request for `M` with typed params.
-    pub fn typed<M: RpcMethod>(id: impl Into<Id>, params: &M::Params) -> Result<Request, FrameError> {
-        Ok(Request::new(id, M::METHOD.as_str(), Some(to_value(params)?)))
+    pub fn typed<M: RpcMethod>(
+        id: impl Into<Id>,
+        params: &M::Params,
+    ) -> Result<Request, FrameError> {
+        Ok(Request::new(
+            id,
+            M::METHOD.as_str(),
+            Some(to_value(params)?),
+        ))
     }
 
     /// This request's params as `M`'s params type ([`FrameError::InvalidParams`] otherwise).
@@ -233,7 +247,10 @@ impl Request {
 impl Notification {
     /// A notification for `N` with typed params.
     pub fn typed<N: NotificationMethod>(params: &N::Params) -> Result<Notification, FrameError> {
-        Ok(Notification::new(N::METHOD.as_str(), Some(to_value(params)?)))
+        Ok(Notification::new(
+            N::METHOD.as_str(),
+            Some(to_value(params)?),
+        ))
     }
 
     /// This notification's params as `N`'s params type.

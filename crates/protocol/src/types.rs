@@ -103,7 +103,9 @@ impl<'de> Deserialize<'de> for FileMode {
             }
         };
         if mode > 0o7777 {
-            return Err(serde::de::Error::custom(format!("mode {mode:o} is out of range")));
+            return Err(serde::de::Error::custom(format!(
+                "mode {mode:o} is out of range"
+            )));
         }
         Ok(FileMode(mode))
     }
@@ -293,7 +295,11 @@ impl Lease {
     pub fn gone(reason: LeaseGoneReason) -> Lease {
         let mut metadata = Map::new();
         metadata.insert("reason".into(), Value::String(reason.as_str().into()));
-        Lease { provider_lease_id: None, metadata: Some(metadata), expires_at: None }
+        Lease {
+            provider_lease_id: None,
+            metadata: Some(metadata),
+            expires_at: None,
+        }
     }
 }
 

@@ -18,7 +18,12 @@ fn scope() -> EnvironmentScope {
 }
 
 fn meta(pairs: &[(&str, Value)]) -> Option<Map<String, Value>> {
-    Some(pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect())
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect(),
+    )
 }
 
 fn lease() -> Lease {
@@ -134,7 +139,10 @@ fn catalogue() -> Vec<Entry> {
         request::<m::Initialize>(
             "initialize.request",
             1,
-            InitializeParams { protocol_version: Some("1".into()), config: None },
+            InitializeParams {
+                protocol_version: Some("1".into()),
+                config: None,
+            },
         ),
         result::<m::Initialize>(
             "initialize.result",
@@ -148,14 +156,21 @@ fn catalogue() -> Vec<Entry> {
         result::<m::Health>(
             "health.result",
             Id::from(2u64),
-            HealthResult { status: HealthStatus::Ok, message: Some("ready".into()), details: None },
+            HealthResult {
+                status: HealthStatus::Ok,
+                message: Some("ready".into()),
+                details: None,
+            },
         ),
         request::<m::Shutdown>("shutdown.request", 3, EmptyParams {}),
         result::<m::Shutdown>("shutdown.result", Id::from(3u64), Ack),
         request::<m::ValidateConfig>(
             "environmentValidateConfig.request",
             4,
-            ValidateConfigParams { driver_key: "my-provider".into(), config: json!({"cpu": 2}) },
+            ValidateConfigParams {
+                driver_key: "my-provider".into(),
+                config: json!({"cpu": 2}),
+            },
         ),
         result::<m::ValidateConfig>(
             "environmentValidateConfig.result",
@@ -167,7 +182,11 @@ fn catalogue() -> Vec<Entry> {
                 normalized_config: Some(json!({})),
             },
         ),
-        request::<m::Probe>("environmentProbe.request", 5, ProbeParams { scope: scope() }),
+        request::<m::Probe>(
+            "environmentProbe.request",
+            5,
+            ProbeParams { scope: scope() },
+        ),
         result::<m::Probe>(
             "environmentProbe.result",
             Id::from(5u64),
@@ -195,7 +214,10 @@ fn catalogue() -> Vec<Entry> {
             "environmentAcquireLease.request",
             6,
             AcquireLeaseParams {
-                scope: EnvironmentScope { issue_id: Some("issue-9".into()), ..scope() },
+                scope: EnvironmentScope {
+                    issue_id: Some("issue-9".into()),
+                    ..scope()
+                },
                 run_id: "run-1".into(),
                 requested_cwd: Some("/work".into()),
                 agent_id: Some("agent-1".into()),
@@ -221,7 +243,10 @@ fn catalogue() -> Vec<Entry> {
         result::<m::ReleaseLease>(
             "environmentReleaseLease.result",
             Id::from(8u64),
-            Some(LeaseReceipt { provider_lease_id: "lease-1".into(), state: LeaseEndState::Stopped }),
+            Some(LeaseReceipt {
+                provider_lease_id: "lease-1".into(),
+                state: LeaseEndState::Stopped,
+            }),
         ),
         request::<m::DestroyLease>("environmentDestroyLease.request", 9, end),
         result::<m::DestroyLease>("environmentDestroyLease.result.empty", Id::from(9u64), None),
@@ -241,7 +266,10 @@ fn catalogue() -> Vec<Entry> {
         result::<m::RealizeWorkspace>(
             "environmentRealizeWorkspace.result",
             Id::from(10u64),
-            RealizeWorkspaceResult { cwd: "/work".into(), metadata: None },
+            RealizeWorkspaceResult {
+                cwd: "/work".into(),
+                metadata: None,
+            },
         ),
         request::<m::Execute>(
             "environmentExecute.request",
@@ -284,7 +312,11 @@ fn catalogue() -> Vec<Entry> {
         ),
         notification::<m::ExecuteLog>(
             "execute.log",
-            ExecuteLogParams { request_id: Id::from(11u64), stream: LogStream::Stdout, chunk: "1\n".into() },
+            ExecuteLogParams {
+                request_id: Id::from(11u64),
+                stream: LogStream::Stdout,
+                chunk: "1\n".into(),
+            },
         ),
         request::<m::SyncIn>("environmentSyncIn.request", 12, sync_params()),
         request::<m::SyncOut>("environmentSyncOut.request", 13, sync_params()),
@@ -318,47 +350,75 @@ fn catalogue() -> Vec<Entry> {
         request::<m::DuplexOpen>(
             "duplexChannelOpen.request.tcp",
             15,
-            DuplexOpenParams { scope: scope(), lease: lease(), purpose: DuplexPurpose::Tcp { port: 8080 } },
+            DuplexOpenParams {
+                scope: scope(),
+                lease: lease(),
+                purpose: DuplexPurpose::Tcp { port: 8080 },
+            },
         ),
         result::<m::DuplexOpen>(
             "duplexChannelOpen.result",
             Id::from(14u64),
-            DuplexOpenResult { channel_id: "ch-1".into() },
+            DuplexOpenResult {
+                channel_id: "ch-1".into(),
+            },
         ),
         request::<m::DuplexWrite>(
             "duplexChannelWrite.request",
             16,
-            DuplexWriteParams { channel_id: "ch-1".into(), data: Bytes(b"ls\n".to_vec()) },
+            DuplexWriteParams {
+                channel_id: "ch-1".into(),
+                data: Bytes(b"ls\n".to_vec()),
+            },
         ),
         request::<m::DuplexResize>(
             "duplexChannelResize.request",
             17,
-            DuplexResizeParams { channel_id: "ch-1".into(), cols: 120, rows: 40 },
+            DuplexResizeParams {
+                channel_id: "ch-1".into(),
+                cols: 120,
+                rows: 40,
+            },
         ),
         request::<m::DuplexStop>(
             "duplexChannelStop.request",
             18,
-            DuplexChannelParams { channel_id: "ch-1".into() },
+            DuplexChannelParams {
+                channel_id: "ch-1".into(),
+            },
         ),
         request::<m::DuplexClose>(
             "duplexChannelClose.request",
             19,
-            DuplexChannelParams { channel_id: "ch-1".into() },
+            DuplexChannelParams {
+                channel_id: "ch-1".into(),
+            },
         ),
         result::<m::DuplexClose>("duplexChannelClose.result", Id::from(19u64), Ack),
         notification::<m::DuplexData>(
             "duplexChannel.data",
-            DuplexDataParams { channel_id: "ch-1".into(), data: Bytes(vec![0, 159, 146, 150, b'\n']) },
+            DuplexDataParams {
+                channel_id: "ch-1".into(),
+                data: Bytes(vec![0, 159, 146, 150, b'\n']),
+            },
         ),
         notification::<m::DuplexExit>(
             "duplexChannel.exit",
-            DuplexExitParams { channel_id: "ch-1".into(), exit_code: Some(0), signal: None, error: None },
+            DuplexExitParams {
+                channel_id: "ch-1".into(),
+                exit_code: Some(0),
+                signal: None,
+                error: None,
+            },
         ),
         Entry {
             name: "error.methodNotImplemented",
             message: Message::Response(Response::err(
                 Some("req-7".into()),
-                RpcError::new(RpcErrorCode::MethodNotImplemented, "method `environmentProbe` is not implemented"),
+                RpcError::new(
+                    RpcErrorCode::MethodNotImplemented,
+                    "method `environmentProbe` is not implemented",
+                ),
             )),
             typed_check: Box::new(|m| match m {
                 Message::Response(r) => {
@@ -373,7 +433,10 @@ fn catalogue() -> Vec<Entry> {
             name: "error.parse.nullId",
             message: Message::Response(Response::err(
                 None,
-                FrameError::Parse { detail: "expected value".into() }.to_rpc_error(),
+                FrameError::Parse {
+                    detail: "expected value".into(),
+                }
+                .to_rpc_error(),
             )),
             typed_check: Box::new(|m| match m {
                 Message::Response(r) => assert_eq!(r.id, None),
@@ -388,7 +451,12 @@ fn every_catalogue_message_round_trips_through_the_codec() {
     for entry in catalogue() {
         let line = encode_message(&entry.message).unwrap();
         assert_eq!(line.last(), Some(&b'\n'), "{}", entry.name);
-        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1, "{}: one line", entry.name);
+        assert_eq!(
+            line.iter().filter(|&&b| b == b'\n').count(),
+            1,
+            "{}: one line",
+            entry.name
+        );
         let decoded = decode_frame(&line).unwrap_or_else(|e| panic!("{}: {e}", entry.name));
         assert_eq!(decoded, entry.message, "{}", entry.name);
         (entry.typed_check)(&decoded);
@@ -406,12 +474,17 @@ fn catalogue_covers_every_method_and_notification() {
         })
         .collect();
     for method in Method::ALL {
-        assert!(names.iter().any(|n| n == method.as_str()), "no catalogue entry for {method}");
+        assert!(
+            names.iter().any(|n| n == method.as_str()),
+            "no catalogue entry for {method}"
+        );
     }
 }
 
 fn snapshot_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("snapshots")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("snapshots")
 }
 
 #[test]
@@ -449,7 +522,10 @@ fn snapshot_directory_has_no_stale_files() {
     if std::env::var("SANDHOST_BLESS").is_ok_and(|v| v == "1") {
         return;
     }
-    let names: Vec<String> = catalogue().iter().map(|e| format!("{}.json", e.name)).collect();
+    let names: Vec<String> = catalogue()
+        .iter()
+        .map(|e| format!("{}.json", e.name))
+        .collect();
     for entry in std::fs::read_dir(snapshot_dir()).unwrap() {
         let file = entry.unwrap().file_name().to_string_lossy().into_owned();
         assert!(names.contains(&file), "stale snapshot {file}");

@@ -38,14 +38,18 @@ fn request_with_object_id_or_non_string_method_is_invalid() {
     assert!(matches!(err, FrameError::InvalidRequest { id: None, .. }));
     let err = decode_frame(br#"{"jsonrpc":"2.0","id":1,"method":7}"#).unwrap_err();
     assert!(matches!(err, FrameError::InvalidRequest { .. }));
-    let err = decode_frame(br#"{"jsonrpc":"2.0","id":1,"method":"health","params":3}"#).unwrap_err();
+    let err =
+        decode_frame(br#"{"jsonrpc":"2.0","id":1,"method":"health","params":3}"#).unwrap_err();
     assert!(matches!(err, FrameError::InvalidRequest { .. }));
 }
 
 #[test]
 fn response_with_both_result_and_error_is_invalid() {
     let frame = br#"{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":-32002,"message":"x"}}"#;
-    assert!(matches!(decode_frame(frame), Err(FrameError::InvalidRequest { .. })));
+    assert!(matches!(
+        decode_frame(frame),
+        Err(FrameError::InvalidRequest { .. })
+    ));
 }
 
 #[test]
@@ -57,7 +61,10 @@ fn ids_are_echoed_exactly() {
         };
         let response = Message::Response(Response::ok(request.id, json!(null)));
         let line = String::from_utf8(encode_message(&response).unwrap()).unwrap();
-        assert!(line.contains(&format!(r#""id":{raw}"#)), "{raw} became {line}");
+        assert!(
+            line.contains(&format!(r#""id":{raw}"#)),
+            "{raw} became {line}"
+        );
     }
 }
 
@@ -86,12 +93,17 @@ fn unknown_fields_are_tolerated_in_params_and_results() {
         "params":{"driverKey":"d","companyId":"c","environmentId":"e","issueId":null,"config":{},
         "lease":{"providerLeaseId":"l","expiresAt":null,"future":true},
         "command":"ls","newField":{"a":1}}}"#;
-    let Message::Request(r) = decode_frame(frame).unwrap() else { panic!("not a request") };
+    let Message::Request(r) = decode_frame(frame).unwrap() else {
+        panic!("not a request")
+    };
     let params = r.params_as::<methods::Execute>().unwrap();
     assert_eq!(params.command, "ls");
     assert_eq!(params.scope.issue_id, None);
     let result = json!({"exitCode": 0, "timedOut": false, "stdout": "", "stderr": "", "x": 1});
-    assert_eq!(parse_result::<methods::Execute>(&result).unwrap().exit_code, Some(0));
+    assert_eq!(
+        parse_result::<methods::Execute>(&result).unwrap().exit_code,
+        Some(0)
+    );
 }
 
 #[test]
@@ -163,7 +175,11 @@ async fn oversized_line_is_discarded_and_the_reader_continues() {
     let got = frames(&input, 32).await;
     assert_eq!(
         got,
-        vec![Ok(b"{\"a\":1}".to_vec()), Err("E4001".into()), Ok(b"{\"b\":2}".to_vec())]
+        vec![
+            Ok(b"{\"a\":1}".to_vec()),
+            Err("E4001".into()),
+            Ok(b"{\"b\":2}".to_vec())
+        ]
     );
 }
 
@@ -185,7 +201,10 @@ async fn oversized_line_across_many_reads_reports_its_full_length() {
 #[tokio::test]
 async fn blank_lines_crlf_and_a_final_line_without_newline_are_handled() {
     let got = frames(b"\n\r\n  \n{\"a\":1}\r\n{\"b\":2}", 64).await;
-    assert_eq!(got, vec![Ok(b"{\"a\":1}".to_vec()), Ok(b"{\"b\":2}".to_vec())]);
+    assert_eq!(
+        got,
+        vec![Ok(b"{\"a\":1}".to_vec()), Ok(b"{\"b\":2}".to_vec())]
+    );
 }
 
 #[tokio::test]
