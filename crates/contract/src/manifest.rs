@@ -102,12 +102,83 @@ pub struct DriverDeclaration {
 }
 
 /// Parse and strictly validate a `plugin.json` text.
+///
+/// A key repeated within one JSON object is rejected as [`ContractError::InvalidJson`]:
+/// a plain JSON parser would silently keep the last value, so
+/// `{"reusableLeases": false, "reusableLeases": true}` would slip through.
 pub fn parse_manifest(text: &str) -> Result<PluginManifest, ContractError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| ContractError::InvalidJson {
-        what: "plugin.json",
+    validate_manifest(&parse_json_strict(text, "plugin.json")?)
+}
+
+/// Parse JSON text, rejecting any object that repeats a key.
+pub(crate) fn parse_json_strict(text: &str, what: &'static str) -> Result<Value, ContractError> {
+    let invalid = |e: serde_json::Error| ContractError::InvalidJson {
+        what,
         detail: e.to_string(),
-    })?;
-    validate_manifest(&value)
+    };
+    serde_json::from_str::<NoDuplicateKeys>(text).map_err(invalid)?;
+    serde_json::from_str(text).map_err(invalid)
+}
+
+/// A deserialize-only walk of a JSON document that fails on a repeated object key.
+struct NoDuplicateKeys;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeysVisitor)
+    }
+}
+
+struct NoDuplicateKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeysVisitor {
+    type Value = NoDuplicateKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<NoDuplicateKeys>()?.is_some() {}
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = BTreeSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "duplicate key `{key}`"
+                )));
+            }
+            map.next_value::<NoDuplicateKeys>()?;
+        }
+        Ok(NoDuplicateKeys)
+    }
 }
 
 /// Strictly validate a parsed `plugin.json`; JSON paths are rooted at `$`.

@@ -211,6 +211,19 @@ pub struct ResolutionInput {
     pub config_resolution_failed: bool,
 }
 
+impl ResolutionInput {
+    /// An ordinary run: ephemeral lease, no Job backend, config resolved (what
+    /// `sandhost plugin inspect` reports as `effective`).
+    pub fn ordinary_run(declaration: DeclarationState, verified: Verified) -> Self {
+        Self {
+            declaration,
+            verified,
+            lease: LeaseFacts::default(),
+            config_resolution_failed: false,
+        }
+    }
+}
+
 /// Why a per-run narrowing removed a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NarrowReason {

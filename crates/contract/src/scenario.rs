@@ -27,7 +27,7 @@
 use serde_json::{Map, Value};
 
 use crate::error::{json_type_name, ContractError};
-use crate::manifest::{child, validate_manifest_at, PluginManifest};
+use crate::manifest::{child, parse_json_strict, validate_manifest_at, PluginManifest};
 use crate::resolve::{
     establish_declaration, resolve, LeaseFacts, LeasePolicy, Resolution, ResolutionInput, Verified,
 };
@@ -104,13 +104,10 @@ impl Scenario {
     }
 }
 
-/// Parse and validate a scenario file.
+/// Parse and validate a scenario file. A key repeated within one JSON object is
+/// [`ContractError::InvalidJson`], as in [`crate::manifest::parse_manifest`].
 pub fn parse_scenario(text: &str) -> Result<Scenario, ContractError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| ContractError::InvalidJson {
-        what: "scenario",
-        detail: e.to_string(),
-    })?;
-    scenario_from_value(&value)
+    scenario_from_value(&parse_json_strict(text, "scenario")?)
 }
 
 /// Validate an already parsed scenario; paths are rooted at `$`.

@@ -1770,3 +1770,53 @@ fn scenario_to_input_carries_every_input() {
     assert!(!input.config_resolution_failed);
     assert_eq!(s.resolve(), resolve(&input));
 }
+
+// ------------------------------------------------------------ duplicate keys in the text
+
+#[test]
+fn repeated_capability_key_in_manifest_text_is_rejected() {
+    // A plain JSON parser keeps the last value: this would read as `true`.
+    let text = r#"{"id": "a", "version": "1", "worker": {"command": ["w"]},
+        "environmentDrivers": [{"driverKey": "acme", "kind": "sandbox_provider",
+        "sandboxCapabilities": {"reusableLeases": false, "reusableLeases": true}}]}"#;
+    let err = parse_manifest(text).unwrap_err();
+    assert_eq!(err.code().as_str(), "E1001");
+    assert!(
+        err.to_string().contains("duplicate key `reusableLeases`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn repeated_key_in_scenario_text_is_rejected() {
+    let text = r#"{"plugin": null, "driverKey": "acme", "driverKey": "zeta"}"#;
+    let err = parse_scenario(text).unwrap_err();
+    assert_eq!(err.code().as_str(), "E1001");
+    assert!(
+        err.to_string().contains("duplicate key `driverKey`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn same_key_in_sibling_objects_is_not_a_duplicate() {
+    let text = r#"{"id": "a", "version": "1", "worker": {"command": ["w"]},
+        "environmentDrivers": [
+          {"driverKey": "x", "kind": "sandbox_provider", "sandboxCapabilities": {"nativeSyncIn": true}},
+          {"driverKey": "y", "kind": "sandbox_provider", "sandboxCapabilities": {"nativeSyncIn": false}}]}"#;
+    let m = parse_manifest(text).unwrap();
+    assert_eq!(
+        m.driver("y").unwrap().declared.value(C::NativeSyncIn),
+        Declared::False
+    );
+}
+
+#[test]
+fn ordinary_run_is_ephemeral_with_a_resolved_config() {
+    let input = ResolutionInput::ordinary_run(declaration(Some(all_true()), None), all_methods());
+    assert_eq!(input.lease, LeaseFacts::default());
+    assert!(!input.config_resolution_failed);
+    let r = resolve(&input);
+    assert!(!on(&r, C::ReusableLeases));
+    assert!(on(&r, C::IncrementalSessionOutput));
+}
