@@ -1,0 +1,399 @@
+//! The host-side handle of a sandbox.
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{Layout, Limits, SandboxCgroup};
+use crate::config::{ExecRequest, ExecResult, SandboxConfig, SandboxStatus, Stream};
+use crate::error::{IoContext, LocalError};
+use crate::init::InitConfig;
+use crate::proto::{self, ExecDone, ExecSpec, Fail, Hello, Status};
+use crate::sys;
+
+const STATE_FILE: &str = "state.json";
+const SOCKET: &str = "control.sock";
+
+/// What the state directory remembers about a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct State {
+    id: String,
+    nonce: String,
+    init_pid: i32,
+    init_start_time: u64,
+    cgroup: SandboxCgroup,
+}
+
+/// A live sandbox. Dropping the handle leaves the sandbox running; call
+/// [`LocalSandbox::destroy`] to tear it down.
+#[derive(Debug)]
+pub struct LocalSandbox {
+    state_dir: PathBuf,
+    state: State,
+}
+
+fn random_hex(bytes: usize) -> Result<String, LocalError> {
+    let mut buf = vec![0u8; bytes];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .ctx(|| "read /dev/urandom".into())?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Start time (in clock ticks since boot) of a host pid: with the pid it
+/// identifies one process for good.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+/// Locate the `sandhost-init` binary.
+pub(crate) fn find_init(explicit: Option<&Path>) -> Result<PathBuf, LocalError> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(LocalError::InitBinaryNotFound(p.display().to_string()))
+        };
+    }
+    if let Some(p) = std::env::var_os("SANDHOST_INIT") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    let exe = std::env::current_exe().ctx(|| "current_exe".into())?;
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let c = d.join("sandhost-init");
+        if c.is_file() {
+            return Ok(c);
+        }
+        dir = d.parent();
+    }
+    Err(LocalError::InitBinaryNotFound(
+        "set SandboxConfig::init_binary or SANDHOST_INIT".into(),
+    ))
+}
+
+/// A sealed in-memory copy of the init binary, made once per process: the
+/// sandbox's PID 1 never runs from a host file it could try to overwrite.
+fn init_memfd(path: &Path) -> Result<&'static OwnedFd, LocalError> {
+    static MEMFD: OnceLock<(PathBuf, OwnedFd)> = OnceLock::new();
+    if let Some((p, fd)) = MEMFD.get() {
+        if p == path {
+            return Ok(fd);
+        }
+    }
+    let bytes = fs::read(path).ctx(|| format!("read {}", path.display()))?;
+    let fd = sys::sealed_memfd("sandhost-init", &bytes).ctx(|| "memfd".into())?;
+    let _ = MEMFD.set((path.to_path_buf(), fd));
+    match MEMFD.get() {
+        Some((p, fd)) if p == path => Ok(fd),
+        _ => Err(LocalError::InitBinaryNotFound("init binary changed within one process".into())),
+    }
+}
+
+impl LocalSandbox {
+    /// Create and start a sandbox. Returns once its init is ready to serve.
+    pub fn create(cfg: &SandboxConfig) -> Result<LocalSandbox, LocalError> {
+        let id = match &cfg.id {
+            Some(id) if valid_id(id) => id.clone(),
+            Some(id) => return Err(LocalError::InvalidConfig(format!("invalid sandbox id {id:?}"))),
+            None => random_hex(8)?,
+        };
+        if cfg.memory_bytes < (16 << 20) || cfg.pids_max < 2 || cfg.cpu_millis < 10 {
+            return Err(LocalError::InvalidConfig("limits too small (memory >= 16 MiB, pids >= 2, cpu >= 10 millis)".into()));
+        }
+        let init = find_init(cfg.init_binary.as_deref())?;
+        let memfd = init_memfd(&init)?;
+        let nonce = random_hex(16)?;
+        fs::create_dir_all(&cfg.state_root).ctx(|| format!("create {}", cfg.state_root.display()))?;
+        let state_dir = cfg.state_root.join(&id);
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&state_dir)
+            .ctx(|| format!("create state dir {}", state_dir.display()))?;
+        let cleanup_dir = |e: LocalError| {
+            let _ = fs::remove_dir_all(&state_dir);
+            e
+        };
+        let limits = Limits {
+            memory_bytes: cfg.memory_bytes,
+            pids: cfg.pids_max,
+            cpu_millis: cfg.cpu_millis,
+        };
+        let cgroup = SandboxCgroup::create(&Layout::detect(), &id, limits).map_err(cleanup_dir)?;
+        let cleanup = |e: LocalError| {
+            cgroup.remove(Duration::from_secs(2));
+            let _ = fs::remove_dir_all(&state_dir);
+            e
+        };
+        let init_cfg = InitConfig {
+            id: id.clone(),
+            nonce: nonce.clone(),
+            socket_path: state_dir.join(SOCKET),
+            log_path: state_dir.join("init.log"),
+            cgroup_procs: cgroup.procs_files(),
+            uid_base: cfg.uid_base,
+            uid_count: cfg.uid_count,
+            rootfs: cfg.rootfs.clone(),
+            hostname: cfg.hostname.clone(),
+            tmp_bytes: cfg.tmp_bytes,
+            workspace_bytes: cfg.workspace_bytes,
+            inodes: cfg.inodes,
+            nofile: cfg.nofile,
+            fsize: cfg.max_file_bytes.unwrap_or(cfg.workspace_bytes),
+        };
+        let init_pid = spawn_init(memfd, &init_cfg).map_err(cleanup)?;
+        let state = State {
+            id,
+            nonce,
+            init_pid,
+            init_start_time: start_time(init_pid).unwrap_or(0),
+            cgroup: cgroup.clone(),
+        };
+        let json = serde_json::to_vec(&state).expect("serializable");
+        fs::write(state_dir.join(STATE_FILE), json)
+            .ctx(|| "write state".into())
+            .map_err(|e| {
+                let _ = sys::kill(init_pid, sys::SIGKILL);
+                cleanup(e)
+            })?;
+        Ok(LocalSandbox { state_dir, state })
+    }
+
+    /// Reattach to a sandbox created by another process; verifies that the
+    /// process answering the socket is the sandbox's own init.
+    pub fn open(state_root: &Path, id: &str) -> Result<LocalSandbox, LocalError> {
+        if !valid_id(id) {
+            return Err(LocalError::InvalidConfig(format!("invalid sandbox id {id:?}")));
+        }
+        let state_dir = state_root.join(id);
+        let bytes = fs::read(state_dir.join(STATE_FILE)).map_err(|_| LocalError::NotFound(id.to_string()))?;
+        let state: State = serde_json::from_slice(&bytes)
+            .map_err(|e| LocalError::Protocol(format!("corrupt state file: {e}")))?;
+        if state.id != id {
+            return Err(LocalError::IdentityMismatch(format!("state file names {}", state.id)));
+        }
+        let sb = LocalSandbox { state_dir, state };
+        drop(sb.connect()?);
+        Ok(sb)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.state.id
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Host pid of the sandbox's init (PID 1 inside).
+    pub fn init_pid(&self) -> i32 {
+        self.state.init_pid
+    }
+
+    /// Host pids currently in the sandbox's cgroups.
+    pub fn host_pids(&self) -> Vec<i32> {
+        self.state.cgroup.procs()
+    }
+
+    /// The cgroup directories of this sandbox.
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        self.state.cgroup.dirs.iter().map(|(_, d, _)| d.clone()).collect()
+    }
+
+    /// Tasks counted by the pids controller right now.
+    pub fn pids_current(&self) -> u64 {
+        self.state.cgroup.pids_current()
+    }
+
+    fn connect(&self) -> Result<UnixStream, LocalError> {
+        let id = &self.state.id;
+        let mut s = UnixStream::connect(self.state_dir.join(SOCKET)).map_err(|_| LocalError::Gone(id.clone()))?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ctx(|| "socket timeout".into())?;
+        // SO_PEERCRED would name stage A (it called listen()), not the init,
+        // so identity rests on the nonce: it lives in the root-only state dir
+        // and only the init it was handed to can answer it.
+        let (kind, payload) = proto::read_frame(&mut s).map_err(|_| LocalError::Gone(id.clone()))?;
+        let hello: Hello = match kind {
+            proto::HELLO => serde_json::from_slice(&payload).map_err(|e| LocalError::Protocol(format!("bad hello: {e}")))?,
+            k => return Err(LocalError::Protocol(format!("expected hello, got frame {k}"))),
+        };
+        if hello.id != *id || hello.nonce != self.state.nonce {
+            return Err(LocalError::IdentityMismatch(format!("init answered as sandbox {}", hello.id)));
+        }
+        s.set_read_timeout(None).ctx(|| "socket timeout".into())?;
+        Ok(s)
+    }
+
+    /// Run one command; `on_chunk` sees output as it is produced.
+    pub fn exec(
+        &self,
+        req: &ExecRequest,
+        mut on_chunk: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, LocalError> {
+        if req.argv.is_empty() || req.argv[0].is_empty() {
+            return Err(LocalError::InvalidRequest("empty argv".into()));
+        }
+        if req.argv.iter().any(|a| a.contains('\0')) {
+            return Err(LocalError::InvalidRequest("NUL byte in argv".into()));
+        }
+        let cwd = req.cwd.clone().unwrap_or_else(|| "/workspace".into());
+        if !cwd.starts_with('/') {
+            return Err(LocalError::InvalidRequest(format!("cwd must be absolute: {cwd:?}")));
+        }
+        let spec = ExecSpec {
+            argv: req.argv.clone(),
+            cwd,
+            env: req.env.clone(),
+            timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
+            grace_ms: req.kill_grace.as_millis() as u64,
+            max_output: req.max_output_bytes,
+        };
+        let cg = &self.state.cgroup;
+        let (oom_before, pids_before) = (cg.oom_kills(), cg.pids_limited());
+        let mut s = self.connect()?;
+        let gone = |_| LocalError::Gone(self.state.id.clone());
+        proto::write_frame(&mut s, proto::EXEC, &proto::encode_exec(&spec, &req.stdin)).map_err(gone)?;
+        let mut res = ExecResult::default();
+        loop {
+            let (kind, payload) = proto::read_frame(&mut s).map_err(gone)?;
+            match kind {
+                proto::STDOUT => {
+                    on_chunk(Stream::Stdout, &payload);
+                    res.stdout.extend_from_slice(&payload);
+                }
+                proto::STDERR => {
+                    on_chunk(Stream::Stderr, &payload);
+                    res.stderr.extend_from_slice(&payload);
+                }
+                proto::RESULT => {
+                    let d: ExecDone = serde_json::from_slice(&payload)
+                        .map_err(|e| LocalError::Protocol(format!("bad result: {e}")))?;
+                    res.exit_code = d.exit_code;
+                    res.signal = d.signal;
+                    res.timed_out = d.timed_out;
+                    res.stdout_dropped = d.stdout_dropped;
+                    res.stderr_dropped = d.stderr_dropped;
+                    res.stdout_truncated = d.stdout_dropped > 0;
+                    res.stderr_truncated = d.stderr_dropped > 0;
+                    res.duration = Duration::from_micros(d.duration_us);
+                    break;
+                }
+                proto::FAIL => return Err(fail_to_error(&payload)),
+                k => return Err(LocalError::Protocol(format!("unexpected frame {k}"))),
+            }
+        }
+        res.oom_killed = res.signal == Some(sys::SIGKILL) && cg.oom_kills() > oom_before;
+        res.pids_limited = cg.pids_limited() > pids_before;
+        Ok(res)
+    }
+
+    /// SIGKILL every process of the sandbox except its init; returns how many there were.
+    pub fn kill_all(&self) -> Result<u32, LocalError> {
+        let mut s = self.connect()?;
+        let gone = |_| LocalError::Gone(self.state.id.clone());
+        proto::write_frame(&mut s, proto::KILL_ALL, &[]).map_err(gone)?;
+        let (kind, payload) = proto::read_frame(&mut s).map_err(gone)?;
+        match kind {
+            proto::OK => Ok(String::from_utf8_lossy(&payload).parse().unwrap_or(0)),
+            proto::FAIL => Err(fail_to_error(&payload)),
+            k => Err(LocalError::Protocol(format!("unexpected frame {k}"))),
+        }
+    }
+
+    pub fn status(&self) -> Result<SandboxStatus, LocalError> {
+        let mut s = self.connect()?;
+        let gone = |_| LocalError::Gone(self.state.id.clone());
+        proto::write_frame(&mut s, proto::STATUS, &[]).map_err(gone)?;
+        let (kind, payload) = proto::read_frame(&mut s).map_err(gone)?;
+        match kind {
+            proto::STATUS => {
+                let st: Status = serde_json::from_slice(&payload)
+                    .map_err(|e| LocalError::Protocol(format!("bad status: {e}")))?;
+                Ok(SandboxStatus {
+                    id: st.id,
+                    processes: st.processes,
+                    running_execs: st.running_execs,
+                    uptime: Duration::from_millis(st.uptime_ms),
+                })
+            }
+            proto::FAIL => Err(fail_to_error(&payload)),
+            k => Err(LocalError::Protocol(format!("unexpected frame {k}"))),
+        }
+    }
+
+    /// Kill every process (the init first: the kernel then kills its whole pid
+    /// namespace; then whatever the cgroups still list), remove the cgroups and
+    /// the state directory. Mounts vanish with the mount namespace.
+    pub fn destroy(self) -> Result<(), LocalError> {
+        let pid = self.state.init_pid;
+        if let Ok(pidfd) = sys::pidfd_open(pid) {
+            // The pidfd pins the process; the start time proves it is ours.
+            if start_time(pid) == Some(self.state.init_start_time) {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), sys::SIGKILL);
+            }
+        }
+        let removed = self.state.cgroup.remove(Duration::from_secs(5));
+        let _ = fs::remove_file(self.state_dir.join(SOCKET));
+        fs::remove_dir_all(&self.state_dir).ctx(|| format!("remove {}", self.state_dir.display()))?;
+        if !removed {
+            return Err(LocalError::Cgroup("cgroup still busy after kill".into()));
+        }
+        Ok(())
+    }
+}
+
+fn fail_to_error(payload: &[u8]) -> LocalError {
+    match serde_json::from_slice::<Fail>(payload) {
+        Ok(f) => match f.code.as_str() {
+            "not_found" | "spawn" => LocalError::Spawn(f.message),
+            "invalid" => LocalError::InvalidRequest(f.message),
+            _ => LocalError::Protocol(f.message),
+        },
+        Err(e) => LocalError::Protocol(format!("bad failure frame: {e}")),
+    }
+}
+
+/// Run stage A of the init from the sealed memfd and wait for "ok <pid>".
+fn spawn_init(memfd: &OwnedFd, cfg: &InitConfig) -> Result<i32, LocalError> {
+    let path = format!("/proc/self/fd/{}", memfd.as_raw_fd());
+    let mut child = Command::new(&path)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ctx(|| "spawn sandhost-init".into())?;
+    let json = serde_json::to_vec(cfg).expect("serializable");
+    let mut stdin = child.stdin.take().expect("piped");
+    let wrote = stdin.write_all(&json);
+    drop(stdin);
+    let mut out = String::new();
+    let _ = child.stdout.take().expect("piped").read_to_string(&mut out);
+    let _ = child.wait();
+    wrote.ctx(|| "send init config".into())?;
+    let line = out.lines().next().unwrap_or("").trim();
+    if let Some(pid) = line.strip_prefix("ok ") {
+        return pid
+            .parse()
+            .map_err(|_| LocalError::Protocol(format!("bad init answer {line:?}")));
+    }
+    let msg = line.strip_prefix("err ").unwrap_or(if line.is_empty() { "init exited without answer" } else { line });
+    Err(LocalError::Setup(msg.to_string()))
+}
