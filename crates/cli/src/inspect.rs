@@ -67,7 +67,11 @@ pub fn plugin_validate(path: &Path, json_out: bool) -> Result<ExitCode, Failure>
             manifest.id,
             manifest.version,
             manifest.environment_drivers.len(),
-            if manifest.environment_drivers.len() == 1 { "" } else { "s" }
+            if manifest.environment_drivers.len() == 1 {
+                ""
+            } else {
+                "s"
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -103,7 +107,11 @@ pub fn kind_str(k: &DriverKind) -> &str {
 pub fn template_check(file: &Path) -> Result<ExitCode, Failure> {
     let text = read_input(&file.to_string_lossy())?;
     let template = parse_template(&text)?;
-    let caps: Vec<&str> = template.effective_capabilities().iter().map(|c| c.as_str()).collect();
+    let caps: Vec<&str> = template
+        .effective_capabilities()
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
     println!("{}", json!({"name": template.name, "capabilities": caps}));
     Ok(ExitCode::SUCCESS)
 }

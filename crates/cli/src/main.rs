@@ -2,8 +2,10 @@
 //! contract (docs: ../shared/design/CLI.md); anyhow is used only here.
 #![forbid(unsafe_code)]
 
+mod builtins;
 mod inspect;
 mod output;
+mod plugins;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +48,8 @@ enum Command {
     /// Sandbox templates (template.yaml)
     #[command(subcommand)]
     Template(TemplateCmd),
+    /// Every provider available (built-in and from plugins) with its probe result
+    Providers,
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,6 +68,11 @@ enum PluginCmd {
     Validate {
         #[arg(value_name = "FILE|DIR")]
         path: PathBuf,
+    },
+    /// Start the worker, run the handshake, print verified, declared and effective capabilities
+    Inspect {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
     },
 }
 
@@ -85,6 +94,8 @@ fn main() -> ExitCode {
         }
         Command::Plugin(PluginCmd::Validate { path }) => inspect::plugin_validate(&path, json),
         Command::Template(TemplateCmd::Check { file }) => inspect::template_check(&file),
+        Command::Plugin(PluginCmd::Inspect { dir }) => plugins::inspect(&dir),
+        Command::Providers => plugins::providers(&cli.global.plugin_dirs, json),
     };
     match result {
         Ok(code) => code,

@@ -15,7 +15,11 @@ pub enum Failure {
     /// Bad input: exit 2, naming the offending key or token.
     Invalid(ContractError),
     /// Something sandhost could not do (an unreadable file, ...): exit 125.
-    Tool { code: &'static str, message: String, suggestion: Option<String> },
+    Tool {
+        code: &'static str,
+        message: String,
+        suggestion: Option<String>,
+    },
 }
 
 impl Failure {
@@ -53,9 +57,17 @@ pub fn print_failure(f: &Failure, json: bool) {
                 _ => None,
             },
         ),
-        Failure::Tool { code, message, suggestion } => {
-            (code.to_string(), message.clone(), None, None, suggestion.clone())
-        }
+        Failure::Tool {
+            code,
+            message,
+            suggestion,
+        } => (
+            code.to_string(),
+            message.clone(),
+            None,
+            None,
+            suggestion.clone(),
+        ),
     };
     if json {
         let v = json!({"error": {"code": code, "message": message, "key": key, "path": path, "suggestion": suggestion}});

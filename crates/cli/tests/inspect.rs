@@ -26,12 +26,22 @@ fn run_stdin(args: &[&str], input: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
     child.wait_with_output().unwrap()
 }
 
 fn stdout_json(o: &Output) -> Value {
-    assert!(o.status.success(), "exit {:?}, stderr: {}", o.status, String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "exit {:?}, stderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).expect("stdout is JSON")
 }
 
@@ -41,7 +51,12 @@ fn stderr(o: &Output) -> String {
 
 fn explain(file: &str) -> Value {
     let path = examples().join("scenarios").join(file);
-    stdout_json(&run(&["capabilities", "explain", "--scenario", path.to_str().unwrap()]))
+    stdout_json(&run(&[
+        "capabilities",
+        "explain",
+        "--scenario",
+        path.to_str().unwrap(),
+    ]))
 }
 
 const KEYS: [&str; 6] = [
@@ -54,7 +69,9 @@ const KEYS: [&str; 6] = [
 ];
 
 fn effective(v: &Value) -> Vec<(String, bool)> {
-    KEYS.iter().map(|k| (k.to_string(), v["effective"][k].as_bool().expect(k))).collect()
+    KEYS.iter()
+        .map(|k| (k.to_string(), v["effective"][k].as_bool().expect(k)))
+        .collect()
 }
 
 #[test]
@@ -108,15 +125,24 @@ fn explain_absent_plugin_resolves_every_capability_false() {
 
 #[test]
 fn explain_reads_the_scenario_from_stdin_with_dash() {
-    let text = std::fs::read_to_string(examples().join("scenarios/reuse-by-environment.json")).unwrap();
-    let from_stdin = stdout_json(&run_stdin(&["capabilities", "explain", "--scenario", "-"], &text));
+    let text =
+        std::fs::read_to_string(examples().join("scenarios/reuse-by-environment.json")).unwrap();
+    let from_stdin = stdout_json(&run_stdin(
+        &["capabilities", "explain", "--scenario", "-"],
+        &text,
+    ));
     assert_eq!(from_stdin, explain("reuse-by-environment.json"));
 }
 
 #[test]
 fn explain_invalid_manifest_exits_2_naming_the_removed_key_and_its_json_path() {
     let path = examples().join("scenarios/removed-key.json");
-    let o = run(&["capabilities", "explain", "--scenario", path.to_str().unwrap()]);
+    let o = run(&[
+        "capabilities",
+        "explain",
+        "--scenario",
+        path.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("concurrentSyncOperations"), "{err}");
@@ -130,7 +156,12 @@ fn explain_invalid_manifest_exits_2_naming_the_removed_key_and_its_json_path() {
 
 #[test]
 fn explain_unreadable_scenario_file_exits_125_with_e9001() {
-    let o = run(&["capabilities", "explain", "--scenario", "/nonexistent/scenario.json"]);
+    let o = run(&[
+        "capabilities",
+        "explain",
+        "--scenario",
+        "/nonexistent/scenario.json",
+    ]);
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).contains("E9001"));
 }
@@ -153,7 +184,10 @@ fn plugin_validate_accepts_a_directory_holding_plugin_json() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v = stdout_json(&run(&["--json", "plugin", "validate", p.to_str().unwrap()]));
     assert_eq!(v["id"], "acme.sandbox");
-    assert_eq!(v["drivers"][0]["declared"]["nativeSyncIn"], Value::Bool(true));
+    assert_eq!(
+        v["drivers"][0]["declared"]["nativeSyncIn"],
+        Value::Bool(true)
+    );
     // omitted stays omitted (null), it is not reported as false
     assert_eq!(v["drivers"][0]["declared"]["nativeSyncOut"], Value::Null);
 }
@@ -167,11 +201,18 @@ fn plugin_validate_non_boolean_capability_exits_2_naming_key_and_path() {
             "environmentDrivers":[{"driverKey":"a","kind":"sandbox_provider",
             "sandboxCapabilities":{"nativeSyncOut":"yes"}}]}"#,
     );
-    let o = run(&["plugin", "validate", p.join("plugin.json").to_str().unwrap()]);
+    let o = run(&[
+        "plugin",
+        "validate",
+        p.join("plugin.json").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("nativeSyncOut"), "{err}");
-    assert!(err.contains("$.environmentDrivers[0].sandboxCapabilities.nativeSyncOut"), "{err}");
+    assert!(
+        err.contains("$.environmentDrivers[0].sandboxCapabilities.nativeSyncOut"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -200,9 +241,16 @@ fn template_check(file: &Path) -> Output {
 
 #[test]
 fn template_check_prints_name_and_declared_capabilities() {
-    let v = stdout_json(&template_check(&examples().join("templates/python-terminal.yaml")));
-    assert_eq!(v, serde_json::json!({"name": "python-terminal", "capabilities": ["shell", "files", "code", "terminal"]}));
-    let v = stdout_json(&template_check(&examples().join("templates/files-only.yaml")));
+    let v = stdout_json(&template_check(
+        &examples().join("templates/python-terminal.yaml"),
+    ));
+    assert_eq!(
+        v,
+        serde_json::json!({"name": "python-terminal", "capabilities": ["shell", "files", "code", "terminal"]})
+    );
+    let v = stdout_json(&template_check(
+        &examples().join("templates/files-only.yaml"),
+    ));
     assert_eq!(v["capabilities"], serde_json::json!(["files"]));
 }
 
@@ -212,7 +260,10 @@ fn template_check_omitted_capabilities_prints_the_default_baseline() {
     let f = dir.path().join("template.yaml");
     std::fs::write(&f, "name: plain\n").unwrap();
     let v = stdout_json(&template_check(&f));
-    assert_eq!(v["capabilities"], serde_json::json!(["shell", "files", "code"]));
+    assert_eq!(
+        v["capabilities"],
+        serde_json::json!(["shell", "files", "code"])
+    );
 }
 
 #[test]
@@ -221,7 +272,10 @@ fn template_check_unknown_token_exits_2_naming_it() {
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("termnal") && err.contains("E2002"), "{err}");
-    assert!(o.stdout.is_empty(), "a malformed template must not print a capability set");
+    assert!(
+        o.stdout.is_empty(),
+        "a malformed template must not print a capability set"
+    );
 }
 
 #[test]

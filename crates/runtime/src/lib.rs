@@ -2,9 +2,14 @@
 //!
 //! - [`store`]: SQLite state under the home directory (environments,
 //!   sandboxes, leases, runs) with embedded, versioned migrations.
+//! - [`plugins`]: plugin discovery and the registry of drivers.
+//! - [`worker`]: a provider worker process and its JSON-RPC client.
+//! - [`snapshot`]: the frozen per-run capability resolution.
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod plugins;
+pub mod snapshot;
 pub mod store;
 pub mod worker;
 
