@@ -26,7 +26,9 @@ impl Layout {
             return layout;
         };
         for line in info.lines() {
-            let Some((pre, post)) = line.split_once(" - ") else { continue };
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
             let pre: Vec<&str> = pre.split(' ').collect();
             let post: Vec<&str> = post.split(' ').collect();
             if pre.len() < 5 || post.len() < 3 {
@@ -42,7 +44,8 @@ impl Layout {
                     }
                 }
                 "cgroup2" if layout.v2.is_none() => {
-                    let ctrls = fs::read_to_string(mnt.join("cgroup.controllers")).unwrap_or_default();
+                    let ctrls =
+                        fs::read_to_string(mnt.join("cgroup.controllers")).unwrap_or_default();
                     let ctrls = ctrls.split_whitespace().map(str::to_string).collect();
                     layout.v2 = Some((mnt, ctrls));
                 }
@@ -88,7 +91,8 @@ pub struct SandboxCgroup {
 }
 
 fn write(path: &Path, value: &str) -> Result<(), LocalError> {
-    fs::write(path, value).map_err(|e| LocalError::Cgroup(format!("write {value:?} to {}: {e}", path.display())))
+    fs::write(path, value)
+        .map_err(|e| LocalError::Cgroup(format!("write {value:?} to {}: {e}", path.display())))
 }
 
 impl SandboxCgroup {
@@ -119,8 +123,9 @@ impl SandboxCgroup {
                             .collect();
                         let _ = fs::write(root.join("cgroup.subtree_control"), enable.trim());
                         let _ = fs::write(parent.join("cgroup.subtree_control"), enable.trim());
-                        fs::create_dir_all(&dir)
-                            .map_err(|e| LocalError::Cgroup(format!("mkdir {}: {e}", dir.display())))?;
+                        fs::create_dir_all(&dir).map_err(|e| {
+                            LocalError::Cgroup(format!("mkdir {}: {e}", dir.display()))
+                        })?;
                         v2_dir = Some(dir.clone());
                     }
                     cg.dirs.push((ctrl.to_string(), dir, true));
@@ -138,7 +143,10 @@ impl SandboxCgroup {
         for (ctrl, dir, v2) in &self.dirs {
             match (ctrl.as_str(), v2) {
                 ("memory", false) => {
-                    write(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
+                    write(
+                        &dir.join("memory.limit_in_bytes"),
+                        &l.memory_bytes.to_string(),
+                    )?;
                     let sw = dir.join("memory.memsw.limit_in_bytes");
                     if sw.exists() {
                         write(&sw, &l.memory_bytes.to_string())?;
@@ -155,9 +163,15 @@ impl SandboxCgroup {
                 ("pids", _) => write(&dir.join("pids.max"), &l.pids.to_string())?,
                 ("cpu", false) => {
                     write(&dir.join("cpu.cfs_period_us"), "100000")?;
-                    write(&dir.join("cpu.cfs_quota_us"), &(l.cpu_millis * 100).to_string())?;
+                    write(
+                        &dir.join("cpu.cfs_quota_us"),
+                        &(l.cpu_millis * 100).to_string(),
+                    )?;
                 }
-                ("cpu", true) => write(&dir.join("cpu.max"), &format!("{} 100000", l.cpu_millis * 100))?,
+                ("cpu", true) => write(
+                    &dir.join("cpu.max"),
+                    &format!("{} 100000", l.cpu_millis * 100),
+                )?,
                 _ => {}
             }
         }
@@ -166,7 +180,11 @@ impl SandboxCgroup {
 
     /// Distinct `cgroup.procs` files to join (one per v1 hierarchy, one for v2).
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = self.dirs.iter().map(|(_, d, _)| d.join("cgroup.procs")).collect();
+        let mut v: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .map(|(_, d, _)| d.join("cgroup.procs"))
+            .collect();
         v.dedup();
         v
     }
@@ -255,7 +273,9 @@ impl SandboxCgroup {
                 match fs::remove_dir(d) {
                     Ok(()) => break,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
                     Err(_) => {
                         ok = false;
                         break;

@@ -18,7 +18,7 @@ mod probe;
 mod proto;
 mod sandbox;
 mod seccomp;
-#[allow(unsafe_code)]
+// The only module with `unsafe` (it carries `#![allow(unsafe_code)]`).
 mod sys;
 
 pub use config::{ExecRequest, ExecResult, SandboxConfig, SandboxStatus, Stream};

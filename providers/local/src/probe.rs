@@ -19,7 +19,11 @@ pub struct Diagnostic {
 }
 
 fn d(severity: Severity, code: Option<&'static str>, message: String) -> Diagnostic {
-    Diagnostic { severity, code, message }
+    Diagnostic {
+        severity,
+        code,
+        message,
+    }
 }
 
 /// Check every host feature the local provider relies on. An empty list of
@@ -32,14 +36,31 @@ pub fn probe() -> Vec<Diagnostic> {
         Ok(caps) if caps & CAP_SYS_ADMIN != 0 => out.push(d(Info, None, "running with CAP_SYS_ADMIN".into())),
         _ => out.push(d(Error, Some("E6004"), "the local provider needs root on the host (CAP_SYS_ADMIN) to map uid ranges and create cgroups".into())),
     }
-    match fs::read_to_string("/proc/sys/user/max_user_namespaces").map(|s| s.trim().parse::<u64>()) {
-        Ok(Ok(n)) if n > 0 => out.push(d(Info, None, format!("user namespaces available (max {n})"))),
-        Ok(Ok(_)) => out.push(d(Error, Some("E6001"), "user namespaces are disabled (user.max_user_namespaces = 0)".into())),
-        _ => out.push(d(Error, Some("E6001"), "user namespaces are not supported by this kernel".into())),
+    match fs::read_to_string("/proc/sys/user/max_user_namespaces").map(|s| s.trim().parse::<u64>())
+    {
+        Ok(Ok(n)) if n > 0 => out.push(d(
+            Info,
+            None,
+            format!("user namespaces available (max {n})"),
+        )),
+        Ok(Ok(_)) => out.push(d(
+            Error,
+            Some("E6001"),
+            "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
+        )),
+        _ => out.push(d(
+            Error,
+            Some("E6001"),
+            "user namespaces are not supported by this kernel".into(),
+        )),
     }
     for ns in ["mnt", "pid", "net", "ipc", "uts", "cgroup", "user"] {
         if fs::symlink_metadata(format!("/proc/self/ns/{ns}")).is_err() {
-            out.push(d(Error, Some("E6001"), format!("{ns} namespaces are not supported by this kernel")));
+            out.push(d(
+                Error,
+                Some("E6001"),
+                format!("{ns} namespaces are not supported by this kernel"),
+            ));
         }
     }
     let layout = Layout::detect();
@@ -54,13 +75,18 @@ pub fn probe() -> Vec<Diagnostic> {
         Some(Placement::V1(p)) if !p.join("memory.memsw.limit_in_bytes").exists() => out.push(d(
             Warning,
             Some("E6002"),
-            "memory.memsw.limit_in_bytes is missing (swap accounting off): swap is not limited".into(),
+            "memory.memsw.limit_in_bytes is missing (swap accounting off): swap is not limited"
+                .into(),
         )),
         _ => {}
     }
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
     if !status.contains("Seccomp:") || crate::sys::seccomp_mode().is_err() {
-        out.push(d(Error, Some("E6003"), "seccomp is not available in this kernel".into()));
+        out.push(d(
+            Error,
+            Some("E6003"),
+            "seccomp is not available in this kernel".into(),
+        ));
     } else {
         out.push(d(Info, None, "seccomp filter mode available".into()));
     }

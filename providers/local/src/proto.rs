@@ -80,7 +80,10 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     r.read_exact(&mut h)?;
     let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
     if len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
     }
     let mut p = vec![0u8; len];
     r.read_exact(&mut p)?;
@@ -94,7 +97,10 @@ pub fn take_frame(buf: &mut Vec<u8>) -> io::Result<Option<(u8, Vec<u8>)>> {
     }
     let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
     if len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
     }
     if buf.len() < 5 + len {
         return Ok(None);
@@ -135,8 +141,14 @@ mod tests {
         let mut buf = encode(STDOUT, b"abc");
         buf.extend(encode(RESULT, b"{}"));
         buf.push(0);
-        assert_eq!(take_frame(&mut buf).unwrap(), Some((STDOUT, b"abc".to_vec())));
-        assert_eq!(take_frame(&mut buf).unwrap(), Some((RESULT, b"{}".to_vec())));
+        assert_eq!(
+            take_frame(&mut buf).unwrap(),
+            Some((STDOUT, b"abc".to_vec()))
+        );
+        assert_eq!(
+            take_frame(&mut buf).unwrap(),
+            Some((RESULT, b"{}".to_vec()))
+        );
         assert_eq!(take_frame(&mut buf).unwrap(), None);
         let spec = ExecSpec {
             argv: vec!["a".into()],

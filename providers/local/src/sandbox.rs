@@ -48,7 +48,11 @@ fn random_hex(bytes: usize) -> Result<String, LocalError> {
 }
 
 fn valid_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Start time (in clock ticks since boot) of a host pid: with the pid it
@@ -103,7 +107,9 @@ fn init_memfd(path: &Path) -> Result<&'static OwnedFd, LocalError> {
     let _ = MEMFD.set((path.to_path_buf(), fd));
     match MEMFD.get() {
         Some((p, fd)) if p == path => Ok(fd),
-        _ => Err(LocalError::InitBinaryNotFound("init binary changed within one process".into())),
+        _ => Err(LocalError::InitBinaryNotFound(
+            "init binary changed within one process".into(),
+        )),
     }
 }
 
@@ -112,16 +118,23 @@ impl LocalSandbox {
     pub fn create(cfg: &SandboxConfig) -> Result<LocalSandbox, LocalError> {
         let id = match &cfg.id {
             Some(id) if valid_id(id) => id.clone(),
-            Some(id) => return Err(LocalError::InvalidConfig(format!("invalid sandbox id {id:?}"))),
+            Some(id) => {
+                return Err(LocalError::InvalidConfig(format!(
+                    "invalid sandbox id {id:?}"
+                )))
+            }
             None => random_hex(8)?,
         };
         if cfg.memory_bytes < (16 << 20) || cfg.pids_max < 2 || cfg.cpu_millis < 10 {
-            return Err(LocalError::InvalidConfig("limits too small (memory >= 16 MiB, pids >= 2, cpu >= 10 millis)".into()));
+            return Err(LocalError::InvalidConfig(
+                "limits too small (memory >= 16 MiB, pids >= 2, cpu >= 10 millis)".into(),
+            ));
         }
         let init = find_init(cfg.init_binary.as_deref())?;
         let memfd = init_memfd(&init)?;
         let nonce = random_hex(16)?;
-        fs::create_dir_all(&cfg.state_root).ctx(|| format!("create {}", cfg.state_root.display()))?;
+        fs::create_dir_all(&cfg.state_root)
+            .ctx(|| format!("create {}", cfg.state_root.display()))?;
         let state_dir = cfg.state_root.join(&id);
         fs::DirBuilder::new()
             .mode(0o700)
@@ -180,14 +193,20 @@ impl LocalSandbox {
     /// process answering the socket is the sandbox's own init.
     pub fn open(state_root: &Path, id: &str) -> Result<LocalSandbox, LocalError> {
         if !valid_id(id) {
-            return Err(LocalError::InvalidConfig(format!("invalid sandbox id {id:?}")));
+            return Err(LocalError::InvalidConfig(format!(
+                "invalid sandbox id {id:?}"
+            )));
         }
         let state_dir = state_root.join(id);
-        let bytes = fs::read(state_dir.join(STATE_FILE)).map_err(|_| LocalError::NotFound(id.to_string()))?;
+        let bytes = fs::read(state_dir.join(STATE_FILE))
+            .map_err(|_| LocalError::NotFound(id.to_string()))?;
         let state: State = serde_json::from_slice(&bytes)
             .map_err(|e| LocalError::Protocol(format!("corrupt state file: {e}")))?;
         if state.id != id {
-            return Err(LocalError::IdentityMismatch(format!("state file names {}", state.id)));
+            return Err(LocalError::IdentityMismatch(format!(
+                "state file names {}",
+                state.id
+            )));
         }
         let sb = LocalSandbox { state_dir, state };
         drop(sb.connect()?);
@@ -214,7 +233,12 @@ impl LocalSandbox {
 
     /// The cgroup directories of this sandbox.
     pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
-        self.state.cgroup.dirs.iter().map(|(_, d, _)| d.clone()).collect()
+        self.state
+            .cgroup
+            .dirs
+            .iter()
+            .map(|(_, d, _)| d.clone())
+            .collect()
     }
 
     /// Tasks counted by the pids controller right now.
@@ -224,18 +248,29 @@ impl LocalSandbox {
 
     fn connect(&self) -> Result<UnixStream, LocalError> {
         let id = &self.state.id;
-        let mut s = UnixStream::connect(self.state_dir.join(SOCKET)).map_err(|_| LocalError::Gone(id.clone()))?;
-        s.set_read_timeout(Some(Duration::from_secs(10))).ctx(|| "socket timeout".into())?;
+        let mut s = UnixStream::connect(self.state_dir.join(SOCKET))
+            .map_err(|_| LocalError::Gone(id.clone()))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .ctx(|| "socket timeout".into())?;
         // SO_PEERCRED would name stage A (it called listen()), not the init,
         // so identity rests on the nonce: it lives in the root-only state dir
         // and only the init it was handed to can answer it.
-        let (kind, payload) = proto::read_frame(&mut s).map_err(|_| LocalError::Gone(id.clone()))?;
+        let (kind, payload) =
+            proto::read_frame(&mut s).map_err(|_| LocalError::Gone(id.clone()))?;
         let hello: Hello = match kind {
-            proto::HELLO => serde_json::from_slice(&payload).map_err(|e| LocalError::Protocol(format!("bad hello: {e}")))?,
-            k => return Err(LocalError::Protocol(format!("expected hello, got frame {k}"))),
+            proto::HELLO => serde_json::from_slice(&payload)
+                .map_err(|e| LocalError::Protocol(format!("bad hello: {e}")))?,
+            k => {
+                return Err(LocalError::Protocol(format!(
+                    "expected hello, got frame {k}"
+                )))
+            }
         };
         if hello.id != *id || hello.nonce != self.state.nonce {
-            return Err(LocalError::IdentityMismatch(format!("init answered as sandbox {}", hello.id)));
+            return Err(LocalError::IdentityMismatch(format!(
+                "init answered as sandbox {}",
+                hello.id
+            )));
         }
         s.set_read_timeout(None).ctx(|| "socket timeout".into())?;
         Ok(s)
@@ -255,7 +290,9 @@ impl LocalSandbox {
         }
         let cwd = req.cwd.clone().unwrap_or_else(|| "/workspace".into());
         if !cwd.starts_with('/') {
-            return Err(LocalError::InvalidRequest(format!("cwd must be absolute: {cwd:?}")));
+            return Err(LocalError::InvalidRequest(format!(
+                "cwd must be absolute: {cwd:?}"
+            )));
         }
         let spec = ExecSpec {
             argv: req.argv.clone(),
@@ -269,7 +306,8 @@ impl LocalSandbox {
         let (oom_before, pids_before) = (cg.oom_kills(), cg.pids_limited());
         let mut s = self.connect()?;
         let gone = |_| LocalError::Gone(self.state.id.clone());
-        proto::write_frame(&mut s, proto::EXEC, &proto::encode_exec(&spec, &req.stdin)).map_err(gone)?;
+        proto::write_frame(&mut s, proto::EXEC, &proto::encode_exec(&spec, &req.stdin))
+            .map_err(gone)?;
         let mut res = ExecResult::default();
         loop {
             let (kind, payload) = proto::read_frame(&mut s).map_err(gone)?;
@@ -351,7 +389,8 @@ impl LocalSandbox {
         }
         let removed = self.state.cgroup.remove(Duration::from_secs(5));
         let _ = fs::remove_file(self.state_dir.join(SOCKET));
-        fs::remove_dir_all(&self.state_dir).ctx(|| format!("remove {}", self.state_dir.display()))?;
+        fs::remove_dir_all(&self.state_dir)
+            .ctx(|| format!("remove {}", self.state_dir.display()))?;
         if !removed {
             return Err(LocalError::Cgroup("cgroup still busy after kill".into()));
         }
@@ -394,6 +433,10 @@ fn spawn_init(memfd: &OwnedFd, cfg: &InitConfig) -> Result<i32, LocalError> {
             .parse()
             .map_err(|_| LocalError::Protocol(format!("bad init answer {line:?}")));
     }
-    let msg = line.strip_prefix("err ").unwrap_or(if line.is_empty() { "init exited without answer" } else { line });
+    let msg = line.strip_prefix("err ").unwrap_or(if line.is_empty() {
+        "init exited without answer"
+    } else {
+        line
+    });
     Err(LocalError::Setup(msg.to_string()))
 }

@@ -159,14 +159,14 @@ pub fn abi_filter() -> BpfProgram {
     #[cfg(target_arch = "aarch64")]
     let (arch, x32_bit) = (0xC000_00B7u32, 0xFFFF_FFFFu32);
     vec![
-        ins(BPF_LD_W_ABS, 0, 0, 4),                       // 0: A = arch
-        ins(BPF_JEQ_K, 0, 5, arch),                       // 1: foreign -> 7
-        ins(BPF_LD_W_ABS, 0, 0, 0),                       // 2: A = nr
-        ins(BPF_JGE_K, 3, 0, x32_bit),                    // 3: x32 -> 7
-        ins(BPF_JEQ_K, 1, 0, libc::SYS_clone3 as u32),    // 4: clone3 -> 6
-        ins(BPF_RET_K, 0, 0, RET_ALLOW),                  // 5
+        ins(BPF_LD_W_ABS, 0, 0, 4),                            // 0: A = arch
+        ins(BPF_JEQ_K, 0, 5, arch),                            // 1: foreign -> 7
+        ins(BPF_LD_W_ABS, 0, 0, 0),                            // 2: A = nr
+        ins(BPF_JGE_K, 3, 0, x32_bit),                         // 3: x32 -> 7
+        ins(BPF_JEQ_K, 1, 0, libc::SYS_clone3 as u32),         // 4: clone3 -> 6
+        ins(BPF_RET_K, 0, 0, RET_ALLOW),                       // 5
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32), // 6
-        ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS),           // 7
+        ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS),                // 7
     ]
 }
 

@@ -54,7 +54,9 @@ fn echo_hi() {
     let sb = LocalSandbox::create(&config()).unwrap();
     let mut chunks = vec![];
     let r = sb
-        .exec(&ExecRequest::new(["echo", "hi"]), |s, b| chunks.push((s, b.to_vec())))
+        .exec(&ExecRequest::new(["echo", "hi"]), |s, b| {
+            chunks.push((s, b.to_vec()))
+        })
         .unwrap();
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     assert_eq!(r.stdout, b"hi\n");
@@ -73,7 +75,10 @@ fn assert_gone(pids: &[i32]) {
     for p in pids {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
         let state = stat.rsplit(')').next().unwrap_or("").trim().chars().next();
-        assert!(matches!(state, None | Some('Z') | Some('X')), "pid {p} still alive: {stat}");
+        assert!(
+            matches!(state, None | Some('Z') | Some('X')),
+            "pid {p} still alive: {stat}"
+        );
     }
 }
 
@@ -84,7 +89,9 @@ fn exit_codes_and_signals() {
     assert_eq!(sh(&sb, "exit 3").exit_code, Some(3));
     let r = sh(&sb, "kill -TERM $$");
     assert_eq!((r.exit_code, r.signal), (None, Some(15)));
-    let e = sb.exec(&ExecRequest::new(["no-such-command-xyz"]), |_, _| {}).unwrap_err();
+    let e = sb
+        .exec(&ExecRequest::new(["no-such-command-xyz"]), |_, _| {})
+        .unwrap_err();
     assert_eq!(e.code(), "E6031", "{e}");
     let mut req = ExecRequest::new(["pwd"]);
     req.cwd = Some("/nonexistent".into());
@@ -112,12 +119,18 @@ fn output_streams_while_running() {
     let start = Instant::now();
     let mut first = None;
     let r = sb
-        .exec(&ExecRequest::shell("echo a; sleep 0.5; echo b >&2"), |_, _| {
-            first.get_or_insert(start.elapsed());
-        })
+        .exec(
+            &ExecRequest::shell("echo a; sleep 0.5; echo b >&2"),
+            |_, _| {
+                first.get_or_insert(start.elapsed());
+            },
+        )
         .unwrap();
     assert!(first.unwrap() < Duration::from_millis(400), "{first:?}");
-    assert_eq!((r.stdout.as_slice(), r.stderr.as_slice()), (&b"a\n"[..], &b"b\n"[..]));
+    assert_eq!(
+        (r.stdout.as_slice(), r.stderr.as_slice()),
+        (&b"a\n"[..], &b"b\n"[..])
+    );
     sb.destroy().unwrap();
 }
 
@@ -165,11 +178,17 @@ fn fork_bomb_hits_pids_limit() {
     let mut c = config();
     c.pids_max = 32;
     let sb = LocalSandbox::create(&c).unwrap();
-    let r = sh(&sb, "i=0; while [ $i -lt 100 ]; do sleep 20 & i=$((i+1)); done 2>/tmp/err");
+    let r = sh(
+        &sb,
+        "i=0; while [ $i -lt 100 ]; do sleep 20 & i=$((i+1)); done 2>/tmp/err",
+    );
     assert!(r.pids_limited, "{r:?}");
     assert!(sb.pids_current() <= 32);
     assert!(sb.kill_all().unwrap() > 0);
-    let r = sh(&sb, "grep -c -i -e fork -e 'resource temporarily unavailable' /tmp/err");
+    let r = sh(
+        &sb,
+        "grep -c -i -e fork -e 'resource temporarily unavailable' /tmp/err",
+    );
     assert!(out(&r).trim().parse::<u32>().unwrap_or(0) > 0, "{r:?}");
     // The host is fine and the sandbox recovers.
     assert_eq!(out(&sh(&sb, "echo ok")), "ok\n");
@@ -205,7 +224,13 @@ fn host_files_are_not_visible() {
     let r = sh(&sb, &format!("cat {}", secret.display()));
     assert_ne!(r.exit_code, Some(0));
     assert!(!out(&r).contains("s3cret"));
-    assert_eq!(out(&sh(&sb, "ls /")).split_whitespace().filter(|e| *e == "root" || *e == "home").count(), 0);
+    assert_eq!(
+        out(&sh(&sb, "ls /"))
+            .split_whitespace()
+            .filter(|e| *e == "root" || *e == "home")
+            .count(),
+        0
+    );
     sb.destroy().unwrap();
 }
 
@@ -228,7 +253,9 @@ fn only_stdio_fds_are_inherited() {
     need_root!();
     let sb = LocalSandbox::create(&config()).unwrap();
     // ls opens the directory it lists as fd 3.
-    let r = sb.exec(&ExecRequest::new(["ls", "/proc/self/fd"]), |_, _| {}).unwrap();
+    let r = sb
+        .exec(&ExecRequest::new(["ls", "/proc/self/fd"]), |_, _| {})
+        .unwrap();
     assert_eq!(out(&r), "0\n1\n2\n3\n");
     sb.destroy().unwrap();
 }
@@ -238,13 +265,22 @@ fn privileges_are_dropped() {
     need_root!();
     let sb = LocalSandbox::create(&config()).unwrap();
     let st = out(&sh(&sb, "cat /proc/self/status"));
-    for line in ["CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"] {
+    for line in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+    ] {
         assert!(st.contains(line), "missing {line:?} in {st}");
     }
     assert_eq!(out(&sh(&sb, "id -u")), "0\n");
     // uid 0 inside is an unprivileged host uid outside.
     let host = std::fs::read_to_string(format!("/proc/{}/status", sb.init_pid())).unwrap();
-    assert!(host.lines().any(|l| l.starts_with("Uid:\t100000\t")), "{host}");
+    assert!(
+        host.lines().any(|l| l.starts_with("Uid:\t100000\t")),
+        "{host}"
+    );
     assert_eq!(out(&sh(&sb, "ulimit -n; ulimit -c")), "1024\n0\n");
     sb.destroy().unwrap();
 }
@@ -256,14 +292,30 @@ fn filesystem_is_read_only_except_scratch() {
     c.workspace_bytes = 8 << 20;
     c.max_file_bytes = Some(64 << 20);
     let sb = LocalSandbox::create(&c).unwrap();
-    for p in ["/usr/x", "/x", "/etc/x", "/proc/sys/kernel/hostname", "/proc/sysrq-trigger"] {
+    for p in [
+        "/usr/x",
+        "/x",
+        "/etc/x",
+        "/proc/sys/kernel/hostname",
+        "/proc/sysrq-trigger",
+    ] {
         let r = sh(&sb, &format!("echo 1 > {p}"));
         assert_ne!(r.exit_code, Some(0), "{p} writable");
     }
-    assert_eq!(sh(&sb, "echo hi > /workspace/f && cat /workspace/f && echo t > /tmp/t").exit_code, Some(0));
+    assert_eq!(
+        sh(
+            &sb,
+            "echo hi > /workspace/f && cat /workspace/f && echo t > /tmp/t"
+        )
+        .exit_code,
+        Some(0)
+    );
     let r = sh(&sb, "head -c 20000000 /dev/zero > /workspace/big");
     assert_ne!(r.exit_code, Some(0));
-    assert!(String::from_utf8_lossy(&r.stderr).contains("No space left"), "{r:?}");
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("No space left"),
+        "{r:?}"
+    );
     // RLIMIT_FSIZE: SIGXFSZ past the file size limit.
     let mut c = config();
     c.max_file_bytes = Some(1 << 20);
@@ -312,7 +364,10 @@ fn kernel_surface_is_denied() {
     let r = sh(&sb, "exec perl -e 'syscall(0x40000027)'");
     assert_eq!(r.signal, Some(31), "{r:?}");
     // A shell-level mount fails too.
-    assert_ne!(sh(&sb, "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m").exit_code, Some(0));
+    assert_ne!(
+        sh(&sb, "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m").exit_code,
+        Some(0)
+    );
     sb.destroy().unwrap();
 }
 
@@ -327,7 +382,10 @@ fn network_has_only_loopback() {
         .map(|l| l.trim().to_string())
         .collect();
     assert_eq!(ifaces, ["lo"]);
-    let r = sh(&sb, &format!("bash -c 'echo x > /dev/tcp/127.0.0.1/{port}' 2>&1"));
+    let r = sh(
+        &sb,
+        &format!("bash -c 'echo x > /dev/tcp/127.0.0.1/{port}' 2>&1"),
+    );
     assert_ne!(r.exit_code, Some(0));
     assert!(out(&r).contains("refused"), "{r:?}");
     let r = sh(&sb, "bash -c 'echo x > /dev/tcp/192.0.2.1/80' 2>&1");
@@ -341,11 +399,17 @@ fn network_has_only_loopback() {
 #[test]
 fn kill_minus_one_kills_only_sandbox_processes() {
     need_root!();
-    let mut host_child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut host_child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let sb = LocalSandbox::create(&config()).unwrap();
     let r = sh(&sb, "sleep 30 & kill -9 -1; wait; echo alive");
     assert_eq!(out(&r), "alive\n");
-    assert!(host_child.try_wait().unwrap().is_none(), "host process killed");
+    assert!(
+        host_child.try_wait().unwrap().is_none(),
+        "host process killed"
+    );
     assert_eq!(sb.status().unwrap().processes, 0);
     host_child.kill().unwrap();
     host_child.wait().unwrap();
@@ -362,7 +426,11 @@ fn destroy_leaves_nothing_behind() {
     let pids = sb.host_pids();
     assert!(pids.len() >= 2, "{pids:?}");
     assert_eq!(sb.status().unwrap().processes, 1);
-    let (dirs, state_dir, id) = (sb.cgroup_dirs(), sb.state_dir().to_path_buf(), sb.id().to_string());
+    let (dirs, state_dir, id) = (
+        sb.cgroup_dirs(),
+        sb.state_dir().to_path_buf(),
+        sb.id().to_string(),
+    );
     sb.destroy().unwrap();
     assert_gone(&pids);
     for d in dirs {
@@ -410,7 +478,9 @@ fn concurrent_execs_in_one_sandbox() {
 #[test]
 #[ignore]
 fn helper_create_in_child_process() {
-    let Ok(root) = std::env::var("SANDHOST_TEST_ROOT") else { return };
+    let Ok(root) = std::env::var("SANDHOST_TEST_ROOT") else {
+        return;
+    };
     let mut c = config();
     c.state_root = PathBuf::from(root);
     let sb = LocalSandbox::create(&c).unwrap();
@@ -423,7 +493,12 @@ fn sandbox_outlives_its_creator() {
     need_root!();
     let root = state_root().join("outlive");
     let o = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "helper_create_in_child_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "helper_create_in_child_process",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("SANDHOST_TEST_ROOT", &root)
         .output()
         .unwrap();

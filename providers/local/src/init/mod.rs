@@ -92,7 +92,8 @@ fn stage_a() -> Result<i32, String> {
     };
     let map = format!("0 {} {}\n", cfg.uid_base, cfg.uid_count);
     fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(|e| fail(format!("uid_map: {e}")))?;
-    fs::write(format!("/proc/{pid}/setgroups"), "deny").map_err(|e| fail(format!("setgroups: {e}")))?;
+    fs::write(format!("/proc/{pid}/setgroups"), "deny")
+        .map_err(|e| fail(format!("setgroups: {e}")))?;
     fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(|e| fail(format!("gid_map: {e}")))?;
     let mut w = fs::File::from(p2c_w);
     w.write_all(b"g").map_err(|e| fail(format!("sync: {e}")))?;
@@ -130,7 +131,12 @@ fn stage_b(cfg: InitConfig, listener: UnixListener, log: OwnedFd, p2c: OwnedFd, 
 
 /// Everything between "the uid map is written" and "ready to serve", in the
 /// order of SECURITY.md.
-fn setup(cfg: &InitConfig, listener: &UnixListener, log: &OwnedFd, report_fd: i32) -> Result<OwnedFd, String> {
+fn setup(
+    cfg: &InitConfig,
+    listener: &UnixListener,
+    log: &OwnedFd,
+    report_fd: i32,
+) -> Result<OwnedFd, String> {
     sys::setresuid_root().map_err(|e| format!("setresuid: {e}"))?;
     rootfs::build(cfg)?;
     sys::sethostname(&cfg.hostname).map_err(|e| format!("sethostname: {e}"))?;

@@ -39,8 +39,20 @@ const HOST_ETC: &[&str] = &[
 /// Entries of a rootfs directory that are never bound (we provide them).
 const ROOTFS_SKIP: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
 
-fn m(src: Option<&Path>, dst: &Path, fstype: Option<&str>, flags: libc::c_ulong, data: Option<&str>) -> Result<(), String> {
-    sys::mount(src, dst, fstype, flags, data).map_err(|e| format!("mount {} on {}: {e}", src.map_or("-".into(), |s| s.display().to_string()), dst.display()))
+fn m(
+    src: Option<&Path>,
+    dst: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), String> {
+    sys::mount(src, dst, fstype, flags, data).map_err(|e| {
+        format!(
+            "mount {} on {}: {e}",
+            src.map_or("-".into(), |s| s.display().to_string()),
+            dst.display()
+        )
+    })
 }
 
 fn mkdir(p: &Path, mode: u32) -> Result<(), String> {
@@ -78,7 +90,8 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
         touch(dst)?;
     }
     m(Some(src), dst, None, MS_BIND | MS_REC, None)?;
-    let locked = sys::locked_mount_flags(src).map_err(|e| format!("statvfs {}: {e}", src.display()))?;
+    let locked =
+        sys::locked_mount_flags(src).map_err(|e| format!("statvfs {}: {e}", src.display()))?;
     m(
         None,
         dst,
@@ -88,10 +101,22 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), String> {
     )
 }
 
-fn tmpfs(dst: &Path, mode: &str, bytes: u64, inodes: u64, flags: libc::c_ulong) -> Result<(), String> {
+fn tmpfs(
+    dst: &Path,
+    mode: &str,
+    bytes: u64,
+    inodes: u64,
+    flags: libc::c_ulong,
+) -> Result<(), String> {
     mkdir(dst, 0o755)?;
     let data = format!("mode={mode},size={bytes},nr_inodes={inodes}");
-    m(Some(Path::new("tmpfs")), dst, Some("tmpfs"), flags, Some(&data))
+    m(
+        Some(Path::new("tmpfs")),
+        dst,
+        Some("tmpfs"),
+        flags,
+        Some(&data),
+    )
 }
 
 pub(super) fn build(cfg: &InitConfig) -> Result<(), String> {
@@ -126,7 +151,8 @@ pub(super) fn build(cfg: &InitConfig) -> Result<(), String> {
                 ("resolv.conf", String::new()),
             ];
             for (name, content) in files {
-                fs::write(etc.join(name), content).map_err(|e| format!("write /etc/{name}: {e}"))?;
+                fs::write(etc.join(name), content)
+                    .map_err(|e| format!("write /etc/{name}: {e}"))?;
             }
             for e in HOST_ETC {
                 bind_ro(&Path::new("/etc").join(e), &etc.join(e))?;
@@ -148,12 +174,24 @@ pub(super) fn build(cfg: &InitConfig) -> Result<(), String> {
     // /proc: a fresh procfs of our pid namespace, with the knobs read-only.
     let proc_ = root.join("proc");
     mkdir(&proc_, 0o555)?;
-    m(Some(Path::new("proc")), &proc_, Some("proc"), MS_NOSUID | MS_NODEV | MS_NOEXEC, None)?;
+    m(
+        Some(Path::new("proc")),
+        &proc_,
+        Some("proc"),
+        MS_NOSUID | MS_NODEV | MS_NOEXEC,
+        None,
+    )?;
     for p in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
         let p = proc_.join(p);
         if p.exists() {
             m(Some(&p), &p, None, MS_BIND | MS_REC, None)?;
-            m(None, &p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)?;
+            m(
+                None,
+                &p,
+                None,
+                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                None,
+            )?;
         }
     }
 
@@ -184,11 +222,29 @@ pub(super) fn build(cfg: &InitConfig) -> Result<(), String> {
     for (name, target) in links {
         symlink(target, dev.join(name)).map_err(|e| format!("symlink /dev/{name}: {e}"))?;
     }
-    tmpfs(&dev.join("shm"), "1777", 64 << 20, 1024, MS_NOSUID | MS_NODEV)?;
+    tmpfs(
+        &dev.join("shm"),
+        "1777",
+        64 << 20,
+        1024,
+        MS_NOSUID | MS_NODEV,
+    )?;
 
     // Writable, size- and inode-limited scratch space.
-    tmpfs(&root.join("tmp"), "1777", cfg.tmp_bytes, cfg.inodes, MS_NOSUID | MS_NODEV)?;
-    tmpfs(&root.join("workspace"), "0755", cfg.workspace_bytes, cfg.inodes, MS_NOSUID | MS_NODEV)?;
+    tmpfs(
+        &root.join("tmp"),
+        "1777",
+        cfg.tmp_bytes,
+        cfg.inodes,
+        MS_NOSUID | MS_NODEV,
+    )?;
+    tmpfs(
+        &root.join("workspace"),
+        "0755",
+        cfg.workspace_bytes,
+        cfg.inodes,
+        MS_NOSUID | MS_NODEV,
+    )?;
     fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).ok();
 
     // pivot_root into the new root and detach the old one.
@@ -197,6 +253,12 @@ pub(super) fn build(cfg: &InitConfig) -> Result<(), String> {
     sys::umount2(Path::new("."), sys::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     // The root itself becomes read-only; /tmp, /workspace and /dev/shm stay writable.
-    m(None, Path::new("/"), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)?;
+    m(
+        None,
+        Path::new("/"),
+        None,
+        MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+        None,
+    )?;
     Ok(())
 }

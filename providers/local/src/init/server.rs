@@ -87,7 +87,11 @@ impl Server {
             let mut fds = vec![];
             let mut tags = vec![];
             let mut add = |fd: i32, events: i16, tag: Tag| {
-                fds.push(sys::pollfd { fd, events, revents: 0 });
+                fds.push(sys::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                });
                 tags.push(tag);
             };
             add(self.listener.as_raw_fd(), sys::POLLIN, Tag::Listener);
@@ -139,7 +143,11 @@ impl Server {
             .iter()
             .flat_map(|e| {
                 let linger = e.exited_at.map(|t| t + LINGER);
-                let deadline = if e.timed_out || e.status.is_some() { None } else { e.deadline };
+                let deadline = if e.timed_out || e.status.is_some() {
+                    None
+                } else {
+                    e.deadline
+                };
                 [deadline, e.kill_at.filter(|_| e.status.is_none()), linger]
             })
             .flatten()
@@ -215,7 +223,9 @@ impl Server {
     }
 
     fn accept(&mut self) {
-        let Ok((stream, _)) = self.listener.accept() else { return };
+        let Ok((stream, _)) = self.listener.accept() else {
+            return;
+        };
         let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
         let slot = match self.conns.iter().position(Option::is_none) {
             Some(s) => s,
@@ -256,7 +266,9 @@ impl Server {
     fn conn_readable(&mut self, i: usize) {
         let mut buf = vec![0u8; READ_CHUNK];
         let n = {
-            let Some(Some(c)) = self.conns.get_mut(i) else { return };
+            let Some(Some(c)) = self.conns.get_mut(i) else {
+                return;
+            };
             match c.stream.read(&mut buf) {
                 Ok(0) | Err(_) => {
                     c.dead = true;
@@ -279,7 +291,9 @@ impl Server {
         }
         loop {
             let frame = {
-                let Some(Some(c)) = self.conns.get_mut(i) else { return };
+                let Some(Some(c)) = self.conns.get_mut(i) else {
+                    return;
+                };
                 match proto::take_frame(&mut c.rbuf) {
                     Ok(f) => f,
                     Err(_) => {
@@ -305,7 +319,11 @@ impl Server {
         match kind {
             proto::EXEC => {
                 if self.conns[conn].as_ref().is_some_and(|c| c.busy) {
-                    return self.fail(conn, "busy", "an exec is already running on this connection".into());
+                    return self.fail(
+                        conn,
+                        "busy",
+                        "an exec is already running on this connection".into(),
+                    );
                 }
                 let (spec, stdin) = match proto::decode_exec(payload) {
                     Ok(x) => x,
@@ -345,7 +363,11 @@ impl Server {
         let Some(f) = e.out[s].as_mut() else { return };
         let n = match f.read(&mut buf) {
             Ok(n) => n,
-            Err(err) if err.kind() == ErrorKind::Interrupted || err.kind() == ErrorKind::WouldBlock => return,
+            Err(err)
+                if err.kind() == ErrorKind::Interrupted || err.kind() == ErrorKind::WouldBlock =>
+            {
+                return
+            }
             Err(_) => 0,
         };
         if n == 0 {
@@ -365,7 +387,9 @@ impl Server {
 
     fn stdin_writable(&mut self, i: usize) {
         let e = &mut self.execs[i];
-        let Some((f, data, off)) = e.stdin.as_mut() else { return };
+        let Some((f, data, off)) = e.stdin.as_mut() else {
+            return;
+        };
         match f.write(&data[*off..]) {
             Ok(n) => {
                 *off += n;
@@ -373,12 +397,18 @@ impl Server {
                     e.stdin = None;
                 }
             }
-            Err(err) if err.kind() == ErrorKind::WouldBlock || err.kind() == ErrorKind::Interrupted => {}
+            Err(err)
+                if err.kind() == ErrorKind::WouldBlock || err.kind() == ErrorKind::Interrupted => {}
             Err(_) => e.stdin = None,
         }
     }
 
-    fn spawn(&mut self, conn: usize, spec: &ExecSpec, stdin: Vec<u8>) -> Result<Exec, (&'static str, String)> {
+    fn spawn(
+        &mut self,
+        conn: usize,
+        spec: &ExecSpec,
+        stdin: Vec<u8>,
+    ) -> Result<Exec, (&'static str, String)> {
         if spec.argv.is_empty() {
             return Err(("invalid", "empty argv".into()));
         }
@@ -390,18 +420,34 @@ impl Server {
         ];
         for (k, v) in &spec.env {
             if k.is_empty() || k.contains('=') {
-                return Err(("invalid", format!("invalid environment variable name {k:?}")));
+                return Err((
+                    "invalid",
+                    format!("invalid environment variable name {k:?}"),
+                ));
             }
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
         }
-        let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).unwrap_or_default();
+        let path_var = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
         let prog = resolve(&spec.argv[0], &path_var)
             .ok_or_else(|| ("not_found", format!("command not found: {}", spec.argv[0])))?;
-        let c = |s: &str| CString::new(s).map_err(|_| ("invalid", "NUL byte in argument".to_string()));
-        let prog_c = CString::new(prog.as_os_str().as_encoded_bytes()).map_err(|_| ("invalid", "NUL byte in path".to_string()))?;
-        let argv = spec.argv.iter().map(|a| c(a)).collect::<Result<Vec<_>, _>>()?;
-        let envp = env.iter().map(|(k, v)| c(&format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
+        let c =
+            |s: &str| CString::new(s).map_err(|_| ("invalid", "NUL byte in argument".to_string()));
+        let prog_c = CString::new(prog.as_os_str().as_encoded_bytes())
+            .map_err(|_| ("invalid", "NUL byte in path".to_string()))?;
+        let argv = spec
+            .argv
+            .iter()
+            .map(|a| c(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| c(&format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()?;
         let cwd = c(&spec.cwd)?;
         let io = |e: std::io::Error| ("spawn", format!("pipe: {e}"));
         let (in_r, in_w) = sys::pipe().map_err(io)?;
@@ -438,7 +484,10 @@ impl Server {
         if got == 4 {
             let _ = sys::wait_pid(pid);
             let err = std::io::Error::from_raw_os_error(i32::from_le_bytes(errno));
-            return Err(("spawn", format!("cannot start {} in {}: {err}", prog.display(), spec.cwd)));
+            return Err((
+                "spawn",
+                format!("cannot start {} in {}: {err}", prog.display(), spec.cwd),
+            ));
         }
         let stdin = if stdin.is_empty() {
             None
@@ -528,7 +577,11 @@ fn count_processes() -> u32 {
     std::fs::read_dir("/proc")
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                })
                 .count() as u32
         })
         .unwrap_or(1)
