@@ -30,6 +30,33 @@ fn config() -> SandboxConfig {
     c
 }
 
+/// Destroys its sandbox on drop, so a failing assertion strands nothing.
+struct Sb(Option<LocalSandbox>);
+
+impl Sb {
+    fn create(c: &SandboxConfig) -> Sb {
+        Sb(Some(LocalSandbox::create(c).unwrap()))
+    }
+    fn destroy(mut self) -> Result<(), sandhost_provider_local::LocalError> {
+        self.0.take().unwrap().destroy()
+    }
+}
+
+impl std::ops::Deref for Sb {
+    type Target = LocalSandbox;
+    fn deref(&self) -> &LocalSandbox {
+        self.0.as_ref().unwrap()
+    }
+}
+
+impl Drop for Sb {
+    fn drop(&mut self) {
+        if let Some(sb) = self.0.take() {
+            let _ = sb.destroy();
+        }
+    }
+}
+
 fn sh(sb: &LocalSandbox, script: &str) -> ExecResult {
     let mut req = ExecRequest::shell(script);
     req.timeout = Some(Duration::from_secs(30));
@@ -51,7 +78,7 @@ macro_rules! need_root {
 #[test]
 fn echo_hi() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let mut chunks = vec![];
     let r = sb
         .exec(&ExecRequest::new(["echo", "hi"]), |s, b| {
@@ -85,7 +112,7 @@ fn assert_gone(pids: &[i32]) {
 #[test]
 fn exit_codes_and_signals() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     assert_eq!(sh(&sb, "exit 3").exit_code, Some(3));
     let r = sh(&sb, "kill -TERM $$");
     assert_eq!((r.exit_code, r.signal), (None, Some(15)));
@@ -102,7 +129,7 @@ fn exit_codes_and_signals() {
 #[test]
 fn stdin_larger_than_a_pipe_is_fed() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let mut req = ExecRequest::new(["cat"]);
     req.stdin = data.clone();
@@ -115,7 +142,7 @@ fn stdin_larger_than_a_pipe_is_fed() {
 #[test]
 fn output_streams_while_running() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let start = Instant::now();
     let mut first = None;
     let r = sb
@@ -137,7 +164,7 @@ fn output_streams_while_running() {
 #[test]
 fn timeout_kills_and_reports() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let mut req = ExecRequest::shell("sleep 30");
     req.timeout = Some(Duration::from_millis(300));
     let t = Instant::now();
@@ -159,7 +186,7 @@ fn timeout_kills_and_reports() {
 #[test]
 fn output_flood_is_capped_and_drained() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let mut req = ExecRequest::new(["head", "-c", "50000000", "/dev/zero"]);
     req.max_output_bytes = 1 << 20;
     req.timeout = Some(Duration::from_secs(60));
@@ -177,7 +204,7 @@ fn fork_bomb_hits_pids_limit() {
     need_root!();
     let mut c = config();
     c.pids_max = 32;
-    let sb = LocalSandbox::create(&c).unwrap();
+    let sb = Sb::create(&c);
     let r = sh(
         &sb,
         "i=0; while [ $i -lt 100 ]; do sleep 20 & i=$((i+1)); done 2>/tmp/err",
@@ -200,7 +227,7 @@ fn memory_bomb_is_oom_killed() {
     need_root!();
     let mut c = config();
     c.memory_bytes = 64 << 20;
-    let sb = LocalSandbox::create(&c).unwrap();
+    let sb = Sb::create(&c);
     let mut req = ExecRequest::new(["tail", "/dev/zero"]);
     req.timeout = Some(Duration::from_secs(60));
     let r = sb.exec(&req, |_, _| {}).unwrap();
@@ -217,7 +244,7 @@ fn host_files_are_not_visible() {
     let c = config();
     let secret = c.state_root.join("host-secret");
     std::fs::write(&secret, "s3cret").unwrap();
-    let sb = LocalSandbox::create(&c).unwrap();
+    let sb = Sb::create(&c);
     let r = sh(&sb, "cat /etc/shadow");
     assert_ne!(r.exit_code, Some(0));
     assert!(!out(&sh(&sb, "ls -a /etc")).contains("shadow"));
@@ -237,7 +264,7 @@ fn host_files_are_not_visible() {
 #[test]
 fn proc_shows_only_sandbox_processes() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let r = sh(&sb, "ls /proc | grep -E '^[0-9]+$'");
     let pids: Vec<u32> = out(&r).lines().map(|l| l.parse().unwrap()).collect();
     assert!(pids.contains(&1), "{pids:?}");
@@ -251,7 +278,7 @@ fn proc_shows_only_sandbox_processes() {
 #[test]
 fn only_stdio_fds_are_inherited() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     // ls opens the directory it lists as fd 3.
     let r = sb
         .exec(&ExecRequest::new(["ls", "/proc/self/fd"]), |_, _| {})
@@ -263,7 +290,7 @@ fn only_stdio_fds_are_inherited() {
 #[test]
 fn privileges_are_dropped() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let st = out(&sh(&sb, "cat /proc/self/status"));
     for line in [
         "CapEff:\t0000000000000000",
@@ -291,7 +318,7 @@ fn filesystem_is_read_only_except_scratch() {
     let mut c = config();
     c.workspace_bytes = 8 << 20;
     c.max_file_bytes = Some(64 << 20);
-    let sb = LocalSandbox::create(&c).unwrap();
+    let sb = Sb::create(&c);
     for p in [
         "/usr/x",
         "/x",
@@ -319,7 +346,7 @@ fn filesystem_is_read_only_except_scratch() {
     // RLIMIT_FSIZE: SIGXFSZ past the file size limit.
     let mut c = config();
     c.max_file_bytes = Some(1 << 20);
-    let sb2 = LocalSandbox::create(&c).unwrap();
+    let sb2 = Sb::create(&c);
     let r = sh(&sb2, "head -c 2000000 /dev/zero > /tmp/big");
     assert_ne!(r.exit_code, Some(0), "{r:?}");
     sb.destroy().unwrap();
@@ -329,7 +356,7 @@ fn filesystem_is_read_only_except_scratch() {
 #[test]
 fn kernel_surface_is_denied() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     const EPERM: i32 = 1;
     const ENOSYS: i32 = 38;
     let calls = [
@@ -376,7 +403,7 @@ fn network_has_only_loopback() {
     need_root!();
     let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = host.local_addr().unwrap().port();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let ifaces: Vec<String> = out(&sh(&sb, "tail -n +3 /proc/net/dev | cut -d: -f1"))
         .lines()
         .map(|l| l.trim().to_string())
@@ -403,7 +430,7 @@ fn kill_minus_one_kills_only_sandbox_processes() {
         .arg("30")
         .spawn()
         .unwrap();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     let r = sh(&sb, "sleep 30 & kill -9 -1; wait; echo alive");
     assert_eq!(out(&r), "alive\n");
     assert!(
@@ -420,7 +447,7 @@ fn kill_minus_one_kills_only_sandbox_processes() {
 fn destroy_leaves_nothing_behind() {
     need_root!();
     let c = config();
-    let sb = LocalSandbox::create(&c).unwrap();
+    let sb = Sb::create(&c);
     let r = sh(&sb, "(setsid sleep 1000 >/dev/null 2>&1 &); echo started");
     assert_eq!(out(&r), "started\n");
     let pids = sb.host_pids();
@@ -445,7 +472,7 @@ fn destroy_leaves_nothing_behind() {
 fn identity_is_verified_on_open() {
     need_root!();
     let c = config();
-    let sb = LocalSandbox::create(&c).unwrap();
+    let sb = Sb::create(&c);
     let state = sb.state_dir().join("state.json");
     let good = std::fs::read_to_string(&state).unwrap();
     let v: serde_json::Value = serde_json::from_str(&good).unwrap();
@@ -461,7 +488,7 @@ fn identity_is_verified_on_open() {
 #[test]
 fn concurrent_execs_in_one_sandbox() {
     need_root!();
-    let sb = LocalSandbox::create(&config()).unwrap();
+    let sb = Sb::create(&config());
     std::thread::scope(|s| {
         for i in 0..8 {
             let sb = &sb;
@@ -508,7 +535,7 @@ fn sandbox_outlives_its_creator() {
         .find_map(|l| l.strip_prefix("SANDBOX_ID="))
         .unwrap_or_else(|| panic!("no id in {text}"))
         .to_string();
-    let sb = LocalSandbox::open(Path::new(&root), &id).unwrap();
+    let sb = Sb(Some(LocalSandbox::open(Path::new(&root), &id).unwrap()));
     assert_eq!(out(&sh(&sb, "cat /workspace/mark")), "from-creator\n");
     sb.destroy().unwrap();
 }
