@@ -21,10 +21,15 @@ pub struct Layout {
 
 impl Layout {
     pub fn detect() -> Layout {
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        Layout::parse(&info, |mnt| {
+            fs::read_to_string(mnt.join("cgroup.controllers")).unwrap_or_default()
+        })
+    }
+
+    /// Parse mountinfo text; `controllers` reads a cgroup2 mount's cgroup.controllers.
+    pub fn parse(info: &str, controllers: impl Fn(&Path) -> String) -> Layout {
         let mut layout = Layout::default();
-        let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-            return layout;
-        };
         for line in info.lines() {
             let Some((pre, post)) = line.split_once(" - ") else {
                 continue;
@@ -44,8 +49,7 @@ impl Layout {
                     }
                 }
                 "cgroup2" if layout.v2.is_none() => {
-                    let ctrls =
-                        fs::read_to_string(mnt.join("cgroup.controllers")).unwrap_or_default();
+                    let ctrls = controllers(&mnt);
                     let ctrls = ctrls.split_whitespace().map(str::to_string).collect();
                     layout.v2 = Some((mnt, ctrls));
                 }
@@ -284,5 +288,46 @@ impl SandboxCgroup {
             }
         }
         ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+37 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const V2: &str = "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+
+    #[test]
+    fn hybrid_host_uses_v1_hierarchies() {
+        let l = Layout::parse(HYBRID, |_| String::new());
+        assert_eq!(
+            l.locate("memory"),
+            Some(Placement::V1("/sys/fs/cgroup/memory".into()))
+        );
+        assert_eq!(
+            l.locate("cpu"),
+            Some(Placement::V1("/sys/fs/cgroup/cpu,cpuacct".into()))
+        );
+        assert_eq!(
+            l.locate("pids"),
+            Some(Placement::V1("/sys/fs/cgroup/pids".into()))
+        );
+    }
+
+    #[test]
+    fn unified_host_uses_v2_when_the_controller_is_offered() {
+        let l = Layout::parse(V2, |_| "cpuset cpu io memory pids".into());
+        assert_eq!(
+            l.locate("memory"),
+            Some(Placement::V2("/sys/fs/cgroup".into()))
+        );
+        let l = Layout::parse(V2, |_| "cpu io".into());
+        assert_eq!(l.locate("memory"), None);
     }
 }

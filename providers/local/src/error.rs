@@ -79,3 +79,39 @@ impl<T> IoContext<T> for io::Result<T> {
         self.map_err(|e| LocalError::io(context(), e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_messages_follow_the_style() {
+        let all = [
+            LocalError::NoUserNamespaces("x".into()),
+            LocalError::NoCgroupController("x".into()),
+            LocalError::NoSeccomp("x".into()),
+            LocalError::NotPrivileged("x".into()),
+            LocalError::InitBinaryNotFound("x".into()),
+            LocalError::InvalidConfig("x".into()),
+            LocalError::Cgroup("x".into()),
+            LocalError::Setup("x".into()),
+            LocalError::NotFound("x".into()),
+            LocalError::IdentityMismatch("x".into()),
+            LocalError::Gone("x".into()),
+            LocalError::InvalidRequest("x".into()),
+            LocalError::Spawn("x".into()),
+            LocalError::Protocol("x".into()),
+            LocalError::io("x", io::Error::from(io::ErrorKind::NotFound)),
+        ];
+        let mut codes: Vec<_> = all.iter().map(LocalError::code).collect();
+        assert!(codes.iter().all(|c| c.len() == 5 && c.starts_with("E6")));
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), all.len());
+        for e in &all {
+            let m = e.to_string();
+            assert!(!m.ends_with('.'), "{m}");
+            assert!(!m.starts_with(|c: char| c.is_uppercase()), "{m}");
+        }
+    }
+}

@@ -385,6 +385,15 @@ impl LocalSandbox {
             // The pidfd pins the process; the start time proves it is ours.
             if start_time(pid) == Some(self.state.init_start_time) {
                 let _ = sys::pidfd_send_signal(pidfd.as_fd(), sys::SIGKILL);
+                // A pidfd turns readable once the process has exited: wait for
+                // that, not just for the cgroup to look empty (a task leaves
+                // its cgroup before it has finished exiting).
+                let mut fds = [sys::pollfd {
+                    fd: pidfd.as_raw_fd(),
+                    events: sys::POLLIN,
+                    revents: 0,
+                }];
+                let _ = sys::poll(&mut fds, 5000);
             }
         }
         let removed = self.state.cgroup.remove(Duration::from_secs(5));
