@@ -6,6 +6,7 @@ mod builtins;
 mod inspect;
 mod output;
 mod plugins;
+mod sandbox;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,8 +38,83 @@ struct GlobalOpts {
     json: bool,
 }
 
+#[derive(Debug, Args)]
+struct SandboxArgs {
+    /// template.yaml (or a directory holding one); default: the built-in template
+    #[arg(long, value_name = "FILE|NAME")]
+    template: Option<String>,
+    /// Provider (driver key); default: the template's, else `local`
+    #[arg(long, value_name = "KEY")]
+    provider: Option<String>,
+    /// Provider config as a JSON object, merged over what the template implies
+    #[arg(long, value_name = "JSON")]
+    config: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct CommandArgs {
+    /// Environment variable for the command (repeatable)
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    env: Vec<String>,
+    /// Working directory inside the sandbox
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    /// Kill the command after SECS seconds (exit status 124)
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    argv: Vec<String>,
+}
+
+impl CommandArgs {
+    fn spec(&self) -> sandbox::CommandSpec {
+        sandbox::CommandSpec {
+            argv: self.argv.clone(),
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a command in a new ephemeral sandbox, then destroy it
+    Run {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        /// Upload LOCAL to REMOTE before the command (repeatable)
+        #[arg(long = "put", value_name = "LOCAL:REMOTE")]
+        put: Vec<String>,
+        /// Download REMOTE to LOCAL after the command (repeatable)
+        #[arg(long = "get", value_name = "REMOTE:LOCAL")]
+        get: Vec<String>,
+        #[command(flatten)]
+        command: CommandArgs,
+    },
+    /// Create a long-lived sandbox and print its id
+    Create {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        /// Lifetime in seconds (default: the template's timeout, else 300)
+        #[arg(long, value_name = "SECS")]
+        ttl: Option<u64>,
+    },
+    /// Run a command in an existing sandbox
+    Exec {
+        /// Sandbox id
+        id: String,
+        #[command(flatten)]
+        command: CommandArgs,
+    },
+    /// List sandboxes
+    Ls,
+    /// Destroy sandboxes
+    Kill {
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+    },
     /// Provider capability resolution
     #[command(subcommand)]
     Capabilities(CapabilitiesCmd),
@@ -88,7 +164,38 @@ enum TemplateCmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = cli.global.json;
+    let g = sandbox::Globals {
+        home: cli.global.home.clone(),
+        plugin_dirs: cli.global.plugin_dirs.clone(),
+        json,
+    };
     let result = match cli.command {
+        Command::Run {
+            sandbox: s,
+            put,
+            get,
+            command,
+        } => {
+            let spec = sandbox::SandboxSpec {
+                template: s.template,
+                provider: s.provider,
+                config: s.config,
+                ttl: None,
+            };
+            sandbox::run(&g, &spec, &command.spec(), &put, &get)
+        }
+        Command::Create { sandbox: s, ttl } => {
+            let spec = sandbox::SandboxSpec {
+                template: s.template,
+                provider: s.provider,
+                config: s.config,
+                ttl,
+            };
+            sandbox::create(&g, &spec)
+        }
+        Command::Exec { id, command } => sandbox::exec_in(&g, &id, &command.spec()),
+        Command::Ls => sandbox::ls(&g),
+        Command::Kill { ids } => sandbox::kill(&g, &ids),
         Command::Capabilities(CapabilitiesCmd::Explain { scenario }) => {
             inspect::capabilities_explain(&scenario)
         }

@@ -7,7 +7,10 @@
 //! - [`snapshot`]: the frozen per-run capability resolution.
 #![forbid(unsafe_code)]
 
+pub mod context;
 pub mod error;
+pub mod exec;
+pub mod host;
 pub mod plugins;
 pub mod snapshot;
 pub mod store;

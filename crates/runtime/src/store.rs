@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::error::RuntimeError;
 
-type Result<T> = std::result::Result<T, RuntimeError>;
+pub(crate) type Result<T> = std::result::Result<T, RuntimeError>;
 
 /// The database file's name inside the home directory.
 pub const DB_FILE: &str = "sandhost.db";
@@ -29,9 +29,10 @@ const MIGRATIONS: &[&str] = &[
         id          TEXT PRIMARY KEY,
         driver_key  TEXT NOT NULL,
         config      TEXT NOT NULL,
-        created_at  INTEGER NOT NULL,
-        UNIQUE (driver_key, config)
+        shared      INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL
     );
+    CREATE UNIQUE INDEX shared_environments ON environments (driver_key, config) WHERE shared = 1;
     CREATE TABLE leases (
         id                 TEXT PRIMARY KEY,
         environment_id     TEXT NOT NULL REFERENCES environments(id),
@@ -313,18 +314,50 @@ impl Store {
         let config = config.to_string();
         self.conn
             .execute(
-                "INSERT OR IGNORE INTO environments (id, driver_key, config, created_at)
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR IGNORE INTO environments (id, driver_key, config, shared, created_at)
+                 VALUES (?1, ?2, ?3, 1, ?4)",
                 params![new_id("env"), driver_key, config, now_secs()],
             )
             .map_err(RuntimeError::store("creating an environment"))?;
         self.conn
             .query_row(
-                "SELECT id FROM environments WHERE driver_key = ?1 AND config = ?2",
+                "SELECT id FROM environments WHERE driver_key = ?1 AND config = ?2 AND shared = 1",
                 params![driver_key, config],
                 |r| r.get(0),
             )
             .map_err(RuntimeError::store("reading an environment"))
+    }
+
+    /// A new environment private to one long-lived sandbox: its retained
+    /// lease is found again by this environment and no other.
+    pub fn private_environment(&self, driver_key: &str, config: &Value) -> Result<String> {
+        let id = new_id("env");
+        self.conn
+            .execute(
+                "INSERT INTO environments (id, driver_key, config, shared, created_at)
+                 VALUES (?1, ?2, ?3, 0, ?4)",
+                params![id, driver_key, config.to_string(), now_secs()],
+            )
+            .map_err(RuntimeError::store("creating an environment"))?;
+        Ok(id)
+    }
+
+    /// The driver key and config of an environment.
+    pub fn environment(&self, id: &str) -> Result<(String, Value)> {
+        let (key, config): (String, String) = self
+            .conn
+            .query_row(
+                "SELECT driver_key, config FROM environments WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(RuntimeError::store("reading an environment"))?
+            .ok_or_else(|| RuntimeError::NotFound {
+                what: "environment",
+                id: id.into(),
+            })?;
+        Ok((key, serde_json::from_str(&config).unwrap_or(Value::Null)))
     }
 
     /// Write a new lease row in the `acquiring` state, before the provider is
@@ -399,6 +432,27 @@ impl Store {
                 params![id, from.as_str(), to.as_str(), now_secs()],
             )
             .map_err(RuntimeError::store("changing a lease's state"))?;
+        Ok(n == 1)
+    }
+
+    /// Claim a lease whose row is exactly as `seen` (same state and
+    /// `updated_at`), moving it to `to`: of several processes that found the
+    /// same stuck or expired row, exactly one wins.
+    pub fn claim_lease(&self, seen: &LeaseRecord, to: LeaseState) -> Result<bool> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE leases SET state = ?4, updated_at = max(?5, updated_at + 1)
+                 WHERE id = ?1 AND state = ?2 AND updated_at = ?3",
+                params![
+                    seen.id,
+                    seen.state.as_str(),
+                    seen.updated_at,
+                    to.as_str(),
+                    now_secs()
+                ],
+            )
+            .map_err(RuntimeError::store("claiming a lease"))?;
         Ok(n == 1)
     }
 
@@ -498,6 +552,37 @@ impl Store {
             .map_err(RuntimeError::store("listing sandboxes"))?;
         let rows = stmt
             .query_map([], sandbox_from_row)
+            .map_err(RuntimeError::store("listing sandboxes"))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(RuntimeError::store("listing sandboxes"))
+    }
+
+    /// Point a sandbox at a replacement lease.
+    pub fn set_sandbox_lease(
+        &self,
+        id: &str,
+        lease_id: &str,
+        expires_at: Option<i64>,
+    ) -> Result<()> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET lease_id = ?2, expires_at = ?3 WHERE id = ?1",
+                params![id, lease_id, expires_at],
+            )
+            .map_err(RuntimeError::store("updating a sandbox"))?;
+        Ok(())
+    }
+
+    /// Sandboxes that use a lease.
+    pub fn sandboxes_of_lease(&self, lease_id: &str) -> Result<Vec<SandboxRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE lease_id = ?1"
+            ))
+            .map_err(RuntimeError::store("listing sandboxes"))?;
+        let rows = stmt
+            .query_map([lease_id], sandbox_from_row)
             .map_err(RuntimeError::store("listing sandboxes"))?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
             .map_err(RuntimeError::store("listing sandboxes"))
