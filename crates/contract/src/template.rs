@@ -123,6 +123,77 @@ impl Template {
     pub fn effective_capabilities(&self) -> CommandSet {
         self.declared_capabilities.unwrap_or(DEFAULT_CAPABILITIES)
     }
+
+    /// The template in canonical `template.yaml` form: unset fields omitted,
+    /// strings double-quoted, sizes in bytes, cpus in thousandths (`"1500m"`),
+    /// the timeout in milliseconds. For a parsed template `t`,
+    /// `parse_template(&t.to_yaml()) == Ok(t)`.
+    pub fn to_yaml(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(out, "name: {}", quote(&self.name));
+        if let Some(caps) = &self.declared_capabilities {
+            let _ = writeln!(out, "capabilities: {}", caps.to_yaml_flow());
+        }
+        for (field, value) in [
+            ("provider", &self.provider),
+            ("image", &self.image),
+            ("rootfs", &self.rootfs),
+        ] {
+            if let Some(v) = value {
+                let _ = writeln!(out, "{field}: {}", quote(v));
+            }
+        }
+        if !self.env.is_empty() {
+            out.push_str("env:\n");
+            for (k, v) in &self.env {
+                let _ = writeln!(out, "  {}: {}", quote(k), quote(v));
+            }
+        }
+        if let Some(w) = &self.workdir {
+            let _ = writeln!(out, "workdir: {}", quote(w));
+        }
+        let r = &self.resources;
+        if *r != Resources::default() {
+            out.push_str("resources:\n");
+            if let Some(m) = r.memory_bytes {
+                let _ = writeln!(out, "  memory: {m}");
+            }
+            if let Some(c) = r.cpus_milli {
+                let _ = writeln!(out, "  cpus: \"{c}m\"");
+            }
+            if let Some(p) = r.pids {
+                let _ = writeln!(out, "  pids: {p}");
+            }
+            if let Some(d) = r.disk_bytes {
+                let _ = writeln!(out, "  disk: {d}");
+            }
+        }
+        if self.network != Network::None {
+            let _ = writeln!(out, "network: {}", self.network);
+        }
+        if let Some(t) = self.timeout {
+            let _ = writeln!(out, "timeout: \"{}ms\"", t.as_millis());
+        }
+        out
+    }
+}
+
+/// A YAML double-quoted scalar; everything outside printable ASCII is escaped.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            ' '..='~' => out.push(c),
+            c if u32::from(c) <= 0xFFFF => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push_str(&format!("\\U{:08X}", u32::from(c))),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// The effective command capabilities of a sandbox from its template
@@ -377,7 +448,7 @@ fn fields(
         };
         if !matches!(key.value, Node::Str(_)) || !known.contains(&name.as_str()) {
             return Err(ContractError::UnknownTemplateField {
-                field: qualify(&name),
+                field: qualify(&name.escape_debug().to_string()),
                 location: at(&key.referenced),
             });
         }

@@ -1212,3 +1212,49 @@ proptest! {
         prop_assert_eq!(t.declared_capabilities, Some(s));
     }
 }
+
+// ---------------------------------------------------------------------------
+// canonical form
+
+#[test]
+fn canonical_yaml_round_trips_every_field() {
+    for text in [
+        fixture("full"),
+        fixture("files-only"),
+        fixture("omitted-capabilities"),
+        "name: x\nenv: {A: \"tab\\there \\\" quote \\\\ back é ☃ \\U0001F600\"}\nrootfs: \"/r\\u00e9\"\n",
+        "name: y\nresources: {cpus: 0.001}\ntimeout: 1h1ms\n",
+    ] {
+        let t = ok(text);
+        let again = ok(&t.to_yaml());
+        assert_eq!(again, t, "{}", t.to_yaml());
+    }
+    assert_eq!(Template::builtin().to_yaml(), "name: \"default\"\n");
+}
+
+proptest! {
+    #[test]
+    fn canonical_yaml_round_trips_generated_templates(
+        caps in prop::option::of(any_set().prop_filter("nonempty", |s| !s.is_empty())),
+        env in prop::collection::btree_map("[A-Za-z_][A-Za-z0-9_]{0,8}", "\\PC{0,12}", 0..4),
+        workdir in prop::option::of("/[a-z/]{0,10}"),
+        memory in prop::option::of(1u64..),
+        cpus in prop::option::of(1u32..),
+        pids in prop::option::of(1u32..),
+        timeout_ms in prop::option::of(1u64..1_000_000_000),
+        egress in any::<bool>(),
+    ) {
+        let workdir = workdir.filter(|w| !w.split('/').any(|p| p == ".."));
+        let t = Template {
+            name: "gen".into(),
+            declared_capabilities: caps,
+            env,
+            workdir,
+            resources: Resources { memory_bytes: memory, cpus_milli: cpus, pids, disk_bytes: memory },
+            network: if egress { Network::Egress } else { Network::None },
+            timeout: timeout_ms.map(Duration::from_millis),
+            ..Template::builtin()
+        };
+        prop_assert_eq!(parse_template(&t.to_yaml()), Ok(t));
+    }
+}
