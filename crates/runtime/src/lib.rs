@@ -7,6 +7,7 @@
 //! - [`snapshot`]: the frozen per-run capability resolution.
 #![forbid(unsafe_code)]
 
+pub mod conformance;
 pub mod context;
 pub mod error;
 pub mod exec;
