@@ -15,6 +15,7 @@ pub mod host;
 pub mod plugins;
 pub mod snapshot;
 pub mod store;
+pub mod transfer;
 pub mod worker;
 
 pub use error::RuntimeError;
