@@ -108,6 +108,13 @@ enum Command {
         #[command(flatten)]
         command: CommandArgs,
     },
+    /// Copy files and directories between the host and a sandbox
+    Cp {
+        /// LOCAL or ID:REMOTE
+        src: String,
+        /// ID:REMOTE or LOCAL
+        dst: String,
+    },
     /// List sandboxes
     Ls,
     /// Destroy sandboxes
@@ -147,8 +154,21 @@ enum PluginCmd {
     },
     /// Start the worker, run the handshake, print verified, declared and effective capabilities
     Inspect {
-        #[arg(value_name = "DIR")]
+        /// A plugin directory, or the driver key of a built-in provider
+        #[arg(value_name = "DIR|BUILTIN")]
         dir: PathBuf,
+    },
+    /// Run the provider conformance suite against the live worker
+    Check {
+        /// A plugin directory, or the driver key of a built-in provider
+        #[arg(value_name = "DIR|BUILTIN")]
+        dir: PathBuf,
+        /// The driver to check (default: the first sandbox_provider driver)
+        #[arg(long, value_name = "KEY")]
+        driver: Option<String>,
+        /// Provider config sent with every call, as a JSON object
+        #[arg(long, value_name = "JSON")]
+        config: Option<String>,
     },
 }
 
@@ -194,6 +214,7 @@ fn main() -> ExitCode {
             sandbox::create(&g, &spec)
         }
         Command::Exec { id, command } => sandbox::exec_in(&g, &id, &command.spec()),
+        Command::Cp { src, dst } => sandbox::cp(&g, &src, &dst),
         Command::Ls => sandbox::ls(&g),
         Command::Kill { ids } => sandbox::kill(&g, &ids),
         Command::Capabilities(CapabilitiesCmd::Explain { scenario }) => {
@@ -202,6 +223,11 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCmd::Validate { path }) => inspect::plugin_validate(&path, json),
         Command::Template(TemplateCmd::Check { file }) => inspect::template_check(&file),
         Command::Plugin(PluginCmd::Inspect { dir }) => plugins::inspect(&dir),
+        Command::Plugin(PluginCmd::Check {
+            dir,
+            driver,
+            config,
+        }) => plugins::check(&dir, driver, config.as_deref(), json),
         Command::Providers => plugins::providers(&cli.global.plugin_dirs, json),
     };
     match result {

@@ -192,3 +192,41 @@ pub fn providers(dirs: &[PathBuf], json_out: bool) -> Result<ExitCode, Failure> 
     }
     Ok(ExitCode::SUCCESS)
 }
+
+pub fn check(
+    dir: &Path,
+    driver: Option<String>,
+    config: Option<&str>,
+    json_out: bool,
+) -> Result<ExitCode, Failure> {
+    use sandhost_runtime::conformance::{check_plugin, CheckOptions};
+    let plugin = load(dir)?;
+    let config = match config {
+        None => None,
+        Some(c) => Some(serde_json::from_str::<Value>(c).map_err(|e| Failure::Tool {
+            code: "E9003",
+            message: format!("--config is not valid JSON: {e}"),
+            suggestion: None,
+        })?),
+    };
+    let opts = CheckOptions {
+        driver_key: driver,
+        config,
+        ..CheckOptions::default()
+    };
+    let rt = runtime()?;
+    let report = rt.block_on(check_plugin(&plugin, &opts));
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -11,6 +11,9 @@ use sandhost_contract::template::{parse_template, Template};
 use sandhost_contract::CommandCapability;
 use sandhost_runtime::exec::{exec, ExecOutcome, ExecRequest, OutputSink};
 use sandhost_runtime::host::{CreateRequest, Host, HostConfig, HostError, Sandbox};
+use sandhost_runtime::transfer::{
+    self, TransferError, TransferLimits, TransferPath, TransferReport,
+};
 use sandhost_runtime::worker::WorkerOptions;
 use serde_json::{json, Value};
 
@@ -223,19 +226,131 @@ pub fn run(
     put: &[String],
     get: &[String],
 ) -> Result<ExitCode, Failure> {
-    if !put.is_empty() || !get.is_empty() {
-        return Err(usage("--put/--get are not available yet".into()));
-    }
+    let puts = put
+        .iter()
+        .map(|p| split_pair(p, "--put", "LOCAL:REMOTE"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let gets = get
+        .iter()
+        .map(|p| split_pair(p, "--get", "REMOTE:LOCAL"))
+        .collect::<Result<Vec<_>, _>>()?;
     let rt = runtime()?;
     rt.block_on(async {
         let host = open_host(g).await?;
         let sandbox = create_sandbox(&host, spec, LeasePolicy::Ephemeral).await?;
-        let outcome = run_command(&sandbox, cmd).await;
+        let outcome = async {
+            for (local, remote) in &puts {
+                upload(&sandbox, Path::new(local), remote).await?;
+            }
+            let outcome = run_command(&sandbox, cmd).await?;
+            for (remote, local) in &gets {
+                download(&sandbox, remote, Path::new(local)).await?;
+            }
+            Ok::<_, Failure>(outcome)
+        }
+        .await;
         let destroyed = host.destroy(&sandbox).await;
         host.shutdown().await;
         let outcome = outcome?;
         destroyed.map_err(host_failure)?;
         Ok(ExitCode::from(exit_status(&outcome)))
+    })
+}
+
+fn split_pair(s: &str, flag: &str, shape: &str) -> Result<(String, String), Failure> {
+    match s.split_once(':') {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
+        _ => Err(usage(format!("{flag} takes {shape}, got `{s}`"))),
+    }
+}
+
+fn transfer_failure(e: TransferError) -> Failure {
+    Failure::Tool {
+        code: e.code().as_str(),
+        message: e.to_string(),
+        suggestion: None,
+    }
+}
+
+/// A spinner on a terminal; nothing when stderr is piped.
+fn spinner(msg: String) -> indicatif::ProgressBar {
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    pb.set_message(msg);
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// Upload, gated on `files`.
+pub async fn upload(
+    sandbox: &Sandbox,
+    local: &Path,
+    remote: &str,
+) -> Result<TransferReport, Failure> {
+    sandbox
+        .gate(CommandCapability::Files)
+        .map_err(host_failure)?;
+    let pb = spinner(format!("uploading {} to {remote}", local.display()));
+    let r = transfer::upload(&sandbox.ctx, local, remote, &TransferLimits::default()).await;
+    pb.finish_and_clear();
+    r.map_err(transfer_failure)
+}
+
+/// Download, gated on `files`.
+pub async fn download(
+    sandbox: &Sandbox,
+    remote: &str,
+    local: &Path,
+) -> Result<TransferReport, Failure> {
+    sandbox
+        .gate(CommandCapability::Files)
+        .map_err(host_failure)?;
+    let pb = spinner(format!("downloading {remote} to {}", local.display()));
+    let r = transfer::download(&sandbox.ctx, remote, local, &TransferLimits::default()).await;
+    pb.finish_and_clear();
+    r.map_err(transfer_failure)
+}
+
+/// `ID:PATH` names a sandbox path; anything else is local. An id never
+/// holds a `/`, so `./a:b` and `/tmp/x:y` stay local.
+fn remote_of(arg: &str) -> Option<(&str, &str)> {
+    let (id, path) = arg.split_once(':')?;
+    (!id.is_empty() && !id.contains('/') && !path.is_empty()).then_some((id, path))
+}
+
+pub fn cp(g: &Globals, src: &str, dst: &str) -> Result<ExitCode, Failure> {
+    let (id, upload_dir) = match (remote_of(src), remote_of(dst)) {
+        (None, Some((id, _))) => (id, true),
+        (Some((id, _)), None) => (id, false),
+        _ => {
+            return Err(usage(
+                "cp copies between the host and one sandbox: `cp LOCAL ID:REMOTE` or `cp ID:REMOTE LOCAL`".into(),
+            ))
+        }
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        let host = open_host(g).await?;
+        let result = async {
+            let sandbox = host.connect(id).await.map_err(host_failure)?;
+            let report = if upload_dir {
+                upload(&sandbox, Path::new(src), remote_of(dst).map(|r| r.1).unwrap_or_default()).await?
+            } else {
+                download(&sandbox, remote_of(src).map(|r| r.1).unwrap_or_default(), Path::new(dst)).await?
+            };
+            if g.json {
+                println!(
+                    "{}",
+                    json!({"files": report.files, "bytes": report.bytes,
+                           "path": match report.path { TransferPath::Native => "native", TransferPath::Base64Fallback => "base64" }})
+                );
+            }
+            Ok::<_, Failure>(())
+        }
+        .await;
+        host.shutdown().await;
+        result?;
+        Ok(ExitCode::SUCCESS)
     })
 }
 

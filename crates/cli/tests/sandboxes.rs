@@ -17,7 +17,9 @@ fn plugin_dir() -> PathBuf {
 
 impl Env {
     fn new() -> Self {
-        Self { home: tempfile::tempdir().unwrap() }
+        Self {
+            home: tempfile::tempdir().unwrap(),
+        }
     }
 
     fn cmd(&self) -> Command {
@@ -44,7 +46,15 @@ const PY: &str = "python-tempdir";
 #[test]
 fn run_streams_stdout_and_stderr_and_exits_with_the_command_status() {
     let e = Env::new();
-    let o = e.sandhost(&["run", "--provider", PY, "--", "sh", "-c", "echo hello; echo oops >&2; exit 3"]);
+    let o = e.sandhost(&[
+        "run",
+        "--provider",
+        PY,
+        "--",
+        "sh",
+        "-c",
+        "echo hello; echo oops >&2; exit 3",
+    ]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "hello\n");
     assert!(text(&o.stderr).contains("oops"));
@@ -63,14 +73,33 @@ fn run_leaves_no_sandbox_behind() {
 #[test]
 fn run_past_its_timeout_exits_124() {
     let e = Env::new();
-    let o = e.sandhost(&["run", "--provider", PY, "--timeout", "1", "--", "sleep", "30"]);
+    let o = e.sandhost(&[
+        "run",
+        "--provider",
+        PY,
+        "--timeout",
+        "1",
+        "--",
+        "sleep",
+        "30",
+    ]);
     assert_eq!(o.status.code(), Some(124), "{}", text(&o.stderr));
 }
 
 #[test]
 fn run_passes_env_and_cwd() {
     let e = Env::new();
-    let o = e.sandhost(&["run", "--provider", PY, "--env", "GREETING=hi there", "--", "sh", "-c", "echo \"$GREETING\""]);
+    let o = e.sandhost(&[
+        "run",
+        "--provider",
+        PY,
+        "--env",
+        "GREETING=hi there",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$GREETING\"",
+    ]);
     assert_eq!(text(&o.stdout), "hi there\n", "{}", text(&o.stderr));
 }
 
@@ -79,11 +108,23 @@ fn run_with_a_template_without_shell_fails_with_e3004_and_exit_125() {
     let e = Env::new();
     let t = e.home.path().join("files-only.yaml");
     std::fs::write(&t, "name: files-only\ncapabilities: [files]\n").unwrap();
-    let o = e.sandhost(&["run", "--provider", PY, "--template", t.to_str().unwrap(), "--", "echo", "x"]);
+    let o = e.sandhost(&[
+        "run",
+        "--provider",
+        PY,
+        "--template",
+        t.to_str().unwrap(),
+        "--",
+        "echo",
+        "x",
+    ]);
     assert_eq!(o.status.code(), Some(125));
     let err = text(&o.stderr);
     assert!(err.contains("E3004") && err.contains("shell"), "{err}");
-    assert!(err.contains("suggestion") && err.contains("capabilities"), "{err}");
+    assert!(
+        err.contains("suggestion") && err.contains("capabilities"),
+        "{err}"
+    );
     assert!(o.stdout.is_empty(), "nothing ran");
 }
 
@@ -92,10 +133,19 @@ fn a_template_asking_for_terminal_on_a_provider_without_duplex_is_refused_at_cre
     let e = Env::new();
     let t = e.home.path().join("term.yaml");
     std::fs::write(&t, "name: term\ncapabilities: [shell, terminal]\n").unwrap();
-    let o = e.sandhost(&["create", "--provider", PY, "--template", t.to_str().unwrap()]);
+    let o = e.sandhost(&[
+        "create",
+        "--provider",
+        PY,
+        "--template",
+        t.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(125));
     let err = text(&o.stderr);
-    assert!(err.contains("E5203") && err.contains("duplexChannelOpen"), "{err}");
+    assert!(
+        err.contains("E5203") && err.contains("duplexChannelOpen"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -152,5 +202,91 @@ fn exec_after_the_plugin_is_gone_is_refused_with_an_identity_error() {
         .unwrap();
     assert_eq!(o.status.code(), Some(125));
     let err = text(&o.stderr);
-    assert!(err.contains("E5204") && err.contains("sandhost-example-python"), "{err}");
+    assert!(
+        err.contains("E5204") && err.contains("sandhost-example-python"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_put_then_get_round_trips_a_directory_through_the_sandbox() {
+    let e = Env::new();
+    let src = e.home.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(src.join("sub/b.txt"), "beta\n").unwrap();
+    let out = e.home.path().join("out");
+    let put = format!("{}:data", src.display());
+    let get = format!("data:{}", out.display());
+    let o = e.sandhost(&[
+        "run",
+        "--provider",
+        PY,
+        "--put",
+        &put,
+        "--get",
+        &get,
+        "--",
+        "sh",
+        "-c",
+        "cat data/a.txt data/sub/b.txt > data/both.txt",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        std::fs::read_to_string(out.join("both.txt")).unwrap(),
+        "alpha\nbeta\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("sub/b.txt")).unwrap(),
+        "beta\n"
+    );
+}
+
+#[test]
+fn cp_copies_a_file_in_and_out_of_a_long_lived_sandbox() {
+    let e = Env::new();
+    let o = e.sandhost(&["create", "--provider", PY]);
+    let id = text(&o.stdout).trim().to_string();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let f = e.home.path().join("in.txt");
+    std::fs::write(&f, "payload").unwrap();
+    let o = e.sandhost(&["cp", f.to_str().unwrap(), &format!("{id}:in.txt")]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = e.sandhost(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "tr a-z A-Z < in.txt > out.txt",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let back = e.home.path().join("back.txt");
+    let o = e.sandhost(&["cp", &format!("{id}:out.txt"), back.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "PAYLOAD");
+    e.sandhost(&["kill", &id]);
+}
+
+#[test]
+fn cp_into_a_sandbox_whose_template_lacks_files_fails_with_e3004() {
+    let e = Env::new();
+    let t = e.home.path().join("shell-only.yaml");
+    std::fs::write(&t, "name: shell-only\ncapabilities: [shell]\n").unwrap();
+    let o = e.sandhost(&[
+        "create",
+        "--provider",
+        PY,
+        "--template",
+        t.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let id = text(&o.stdout).trim().to_string();
+    let f = e.home.path().join("x");
+    std::fs::write(&f, "x").unwrap();
+    let o = e.sandhost(&["cp", f.to_str().unwrap(), &format!("{id}:x")]);
+    assert_eq!(o.status.code(), Some(125));
+    let err = text(&o.stderr);
+    assert!(err.contains("E3004") && err.contains("files"), "{err}");
+    e.sandhost(&["kill", &id]);
 }

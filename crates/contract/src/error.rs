@@ -39,26 +39,47 @@ pub enum ContractError {
     MissingKey { key: String, path: String },
 
     #[error("`{key}` at {path} must be {expected}, found {found}")]
-    WrongType { key: String, path: String, expected: &'static str, found: &'static str },
+    WrongType {
+        key: String,
+        path: String,
+        expected: &'static str,
+        found: &'static str,
+    },
 
     #[error("unknown sandbox capability key `{key}` at {path}{hint}")]
-    UnknownCapabilityKey { key: String, path: String, hint: String },
+    UnknownCapabilityKey {
+        key: String,
+        path: String,
+        hint: String,
+    },
 
     #[error("invalid value for `{key}` at {path}: {detail}")]
-    InvalidValue { key: String, path: String, detail: String },
+    InvalidValue {
+        key: String,
+        path: String,
+        detail: String,
+    },
 
     #[error("duplicate driverKey `{driver_key}` at {path}")]
     DuplicateDriverKey { driver_key: String, path: String },
 
     #[error("invalid scenario: `{key}` at {path}: {detail}")]
-    InvalidScenario { key: String, path: String, detail: String },
+    InvalidScenario {
+        key: String,
+        path: String,
+        detail: String,
+    },
 
     // ---- E2xxx: templates ----
     #[error("template is not valid YAML{location}: {detail}")]
     TemplateSyntax { location: String, detail: String },
 
     #[error("unknown command capability `{token}` in template{location}; known: {known}")]
-    UnknownCommandCapability { token: String, location: String, known: String },
+    UnknownCommandCapability {
+        token: String,
+        location: String,
+        known: String,
+    },
 
     #[error("unknown template field `{field}`{location}")]
     UnknownTemplateField { field: String, location: String },
@@ -67,7 +88,11 @@ pub enum ContractError {
     MissingTemplateField { field: &'static str },
 
     #[error("invalid template field `{field}`{location}: {detail}")]
-    InvalidTemplateField { field: String, location: String, detail: String },
+    InvalidTemplateField {
+        field: String,
+        location: String,
+        detail: String,
+    },
 
     // ---- E3xxx: command capabilities ----
     #[error("{0}")]

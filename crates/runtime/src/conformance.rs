@@ -452,7 +452,7 @@ impl std::fmt::Display for CallFailure {
 impl CallFailure {
     /// An ordinary refusal (an RPC error other than "not implemented").
     fn is_refusal(&self) -> bool {
-        matches!(&*self.error, WorkerError::Rpc { code, .. } if *code != -32601)
+        matches!(&*self.error, WorkerError::Rpc(f) if f.code != -32601)
     }
 }
 
@@ -545,7 +545,7 @@ impl Checker<'_> {
             WorkerError::NotImplemented { .. } => {
                 "advertised but answered -32004 (method not implemented)".to_string()
             }
-            WorkerError::Rpc { code: -32601, .. } => {
+            WorkerError::Rpc(f) if f.code == -32601 => {
                 "advertised but answered -32601 (method not found)".to_string()
             }
             WorkerError::Crashed { .. } => format!("the worker crashed on it: {e}"),

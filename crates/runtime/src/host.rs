@@ -283,10 +283,20 @@ impl Host {
                 return Ok(w.clone());
             }
         }
-        let w =
-            Arc::new(Worker::spawn(&plugin.worker_spec(), self.cfg.worker_options.clone()).await?);
+        let w = Arc::new(
+            Worker::spawn(&self.worker_spec(plugin), self.cfg.worker_options.clone()).await?,
+        );
         workers.insert(plugin.manifest.id.clone(), w.clone());
         Ok(w)
+    }
+
+    /// Every worker learns the home, so built-in providers keep their state
+    /// beside the store.
+    fn worker_spec(&self, plugin: &Plugin) -> crate::worker::WorkerSpec {
+        let mut spec = plugin.worker_spec();
+        spec.env
+            .push(("SANDHOST_HOME".into(), self.cfg.home.display().to_string()));
+        spec
     }
 
     fn driver(&self, driver_key: &str) -> Result<&Plugin> {

@@ -41,7 +41,7 @@ impl CapabilitySnapshot {
         let input = ResolutionInput {
             declaration: establish_declaration(plugin, facts.driver_key, facts.pinned_plugin_id),
             verified,
-            lease: facts.lease.clone(),
+            lease: facts.lease,
             config_resolution_failed: facts.config_resolution_failed,
         };
         Self {

@@ -85,13 +85,8 @@ pub enum WorkerError {
     #[error("worker does not implement `{method}`")]
     NotImplemented { method: String },
 
-    #[error("worker answered `{method}` with error {code}: {message}")]
-    Rpc {
-        method: String,
-        code: i64,
-        message: String,
-        data: Option<Value>,
-    },
+    #[error("worker answered `{}` with error {}: {}", .0.method, .0.code, .0.message)]
+    Rpc(Box<RpcFailure>),
 
     #[error("worker initialize failed: {detail}")]
     Initialize { detail: String },
@@ -108,11 +103,20 @@ impl WorkerError {
             Self::Timeout { .. } => "E4103",
             Self::ProtocolViolation { .. } => "E4104",
             Self::NotImplemented { .. } => "E4105",
-            Self::Rpc { .. } => "E4106",
+            Self::Rpc(_) => "E4106",
             Self::Initialize { .. } => "E4107",
             Self::BadResult { .. } => "E4108",
         })
     }
+}
+
+/// A JSON-RPC error answer, kept whole (boxed: errors stay small).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcFailure {
+    pub method: String,
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
 }
 
 type Pending = HashMap<u64, oneshot::Sender<Result<Value, WorkerError>>>;
@@ -304,7 +308,7 @@ impl Worker {
             .call_with_timeout::<Initialize>(&InitializeParams::default(), worker.opts.init_timeout)
             .await
             .map_err(|e| match e {
-                WorkerError::Rpc { message, .. } => WorkerError::Initialize { detail: message },
+                WorkerError::Rpc(f) => WorkerError::Initialize { detail: f.message },
                 other => other,
             })?;
         if !init.ok {
@@ -475,17 +479,10 @@ impl Drop for Worker {
 
 fn rpc_method_name(e: WorkerError, method: &str) -> WorkerError {
     match e {
-        WorkerError::Rpc {
-            code,
-            message,
-            data,
-            ..
-        } => WorkerError::Rpc {
-            method: method.into(),
-            code,
-            message,
-            data,
-        },
+        WorkerError::Rpc(mut f) => {
+            f.method = method.into();
+            WorkerError::Rpc(f)
+        }
         WorkerError::NotImplemented { .. } => WorkerError::NotImplemented {
             method: method.into(),
         },
@@ -542,12 +539,12 @@ fn rpc_error(e: RpcError) -> WorkerError {
             method: String::new(),
         };
     }
-    WorkerError::Rpc {
+    WorkerError::Rpc(Box::new(RpcFailure {
         method: String::new(),
         code: e.code.code(),
         message: e.message,
         data: e.data,
-    }
+    }))
 }
 
 fn route_notification(s: &Shared, n: Notification) {
