@@ -9,6 +9,7 @@
 
 pub mod conformance;
 pub mod context;
+pub mod duplex;
 pub mod error;
 pub mod exec;
 pub mod host;

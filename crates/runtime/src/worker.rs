@@ -128,7 +128,16 @@ struct Routes {
     logs: HashMap<u64, mpsc::UnboundedSender<ExecuteLogParams>>,
     /// Other notifications (duplex channel data and exit) by method.
     other: Option<mpsc::UnboundedSender<Notification>>,
+    /// Duplex channel notifications by `channelId`.
+    channels: HashMap<String, mpsc::UnboundedSender<Notification>>,
+    /// Channel notifications that arrived before anyone subscribed (a worker
+    /// may send output before its `duplexChannelOpen` answer is read).
+    early: HashMap<String, Vec<Notification>>,
 }
+
+/// Bounds on notifications held for channels nobody subscribed to yet.
+const EARLY_CHANNELS: usize = 64;
+const EARLY_PER_CHANNEL: usize = 1024;
 
 #[derive(Debug)]
 struct Shared {
@@ -157,6 +166,8 @@ impl Shared {
         let mut routes = self.routes.lock().unwrap();
         routes.logs.clear();
         routes.other = None;
+        routes.channels.clear();
+        routes.early.clear();
     }
 
     fn tail(&self) -> String {
@@ -386,6 +397,25 @@ impl Worker {
         rx
     }
 
+    /// Receive the `duplexChannel.data` / `duplexChannel.exit` notifications
+    /// of one channel, including any that arrived before this call.
+    pub fn subscribe_channel(&self, channel_id: &str) -> mpsc::UnboundedReceiver<Notification> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut routes = self.shared.routes.lock().unwrap();
+        for n in routes.early.remove(channel_id).unwrap_or_default() {
+            let _ = tx.send(n);
+        }
+        routes.channels.insert(channel_id.to_string(), tx);
+        rx
+    }
+
+    /// Stop routing a channel's notifications.
+    pub fn unsubscribe_channel(&self, channel_id: &str) {
+        let mut routes = self.shared.routes.lock().unwrap();
+        routes.channels.remove(channel_id);
+        routes.early.remove(channel_id);
+    }
+
     fn register(&self) -> (u64, oneshot::Receiver<Result<Value, WorkerError>>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -561,7 +591,27 @@ fn route_notification(s: &Shared, n: Notification) {
         }
         return;
     }
-    if let Some(tx) = &s.routes.lock().unwrap().other {
+    let mut routes = s.routes.lock().unwrap();
+    let channel = n
+        .params
+        .as_ref()
+        .and_then(|p| p.get("channelId"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(id) = channel {
+        if let Some(tx) = routes.channels.get(&id) {
+            let _ = tx.send(n);
+            return;
+        }
+        if routes.early.len() < EARLY_CHANNELS || routes.early.contains_key(&id) {
+            let held = routes.early.entry(id).or_default();
+            if held.len() < EARLY_PER_CHANNEL {
+                held.push(n);
+            }
+        }
+        return;
+    }
+    if let Some(tx) = &routes.other {
         let _ = tx.send(n);
     }
 }
