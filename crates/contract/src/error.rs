@@ -115,7 +115,8 @@ impl ContractError {
             Self::UnknownTemplateField { .. } => "E2003",
             Self::MissingTemplateField { .. } => "E2004",
             Self::InvalidTemplateField { .. } => "E2005",
-            Self::CapabilityNotSupported(_) => "E3004",
+            // the gate error owns its code
+            Self::CapabilityNotSupported(e) => return e.code(),
         })
     }
 

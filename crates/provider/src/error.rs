@@ -108,8 +108,8 @@ impl ServeError {
     /// The stable code of this error. This match is the one place codes are mapped.
     pub fn code(&self) -> &'static str {
         match self {
-            ServeError::Read(_) => "E4101",
-            ServeError::Write(_) => "E4102",
+            ServeError::Read(_) => "E4201",
+            ServeError::Write(_) => "E4202",
         }
     }
 }
