@@ -31,15 +31,14 @@
 //! written with mode 0644 (neither `base64 < FILE` nor a sync mapping carries
 //! the remote mode).
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
+use sandhost_archive::{ArchiveError, Counts, Kind, Scan, Staging};
 use sandhost_contract::ErrorCode;
 use sandhost_protocol::methods;
 use sandhost_protocol::{
@@ -55,16 +54,12 @@ pub const CHUNK_LEN: usize = 32 * 1024;
 /// Raw bytes that encode to exactly one [`CHUNK_LEN`] base64 chunk.
 const RAW_CHUNK_LEN: usize = CHUNK_LEN / 4 * 3;
 
-/// The mode a single downloaded file is written with.
-pub const DOWNLOADED_FILE_MODE: u32 = 0o644;
+/// The mode a single downloaded file is written with; the longest path
+/// accepted, remote or inside an archive, in bytes; the longest single path
+/// component accepted, in bytes.
+pub use sandhost_archive::{DOWNLOADED_FILE_MODE, MAX_NAME_LEN, MAX_PATH_LEN};
 
-/// The longest path accepted, remote or inside an archive, in bytes.
-pub const MAX_PATH_LEN: usize = 4096;
-
-/// The longest single path component accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 255;
-
-const TEMP_PREFIX: &str = ".sandhost-transfer-";
+const TEMP_PREFIX: &str = sandhost_archive::STAGING_PREFIX;
 
 /// Bounds on one transfer, in either direction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +72,15 @@ pub struct TransferLimits {
     /// back in a single exec. The whole payload travels base64-encoded in one
     /// worker frame, so this must stay well below the frame limit.
     pub max_fallback_payload: u64,
+}
+
+impl TransferLimits {
+    fn archive(&self) -> sandhost_archive::Limits {
+        sandhost_archive::Limits {
+            max_bytes: self.max_bytes,
+            max_entries: self.max_entries,
+        }
+    }
 }
 
 impl Default for TransferLimits {
@@ -158,6 +162,56 @@ impl From<WorkerError> for TransferError {
     }
 }
 
+/// The archive crate's errors, in the transfer codes they always had:
+/// a refused entry E5104, a cap E5105, local I/O E5106, an upload source
+/// that cannot be packed E5109, a file onto a directory E5102.
+impl From<ArchiveError> for TransferError {
+    fn from(e: ArchiveError) -> Self {
+        match e {
+            ArchiveError::Rejected { entry, reason } => Self::ArchiveRejected { entry, reason },
+            ArchiveError::CapExceeded { cap, limit } => Self::CapExceeded {
+                what: cap.as_str(),
+                limit,
+            },
+            ArchiveError::Io {
+                doing,
+                path,
+                source,
+            } => Self::LocalIo {
+                doing,
+                path,
+                source,
+            },
+            ArchiveError::SourceRejected { path, reason } => {
+                Self::LocalEntryRejected { path, reason }
+            }
+            ArchiveError::WouldReplaceDirectory { path } => Self::LocalPathInvalid {
+                path,
+                reason: "is a directory; a file cannot replace it".into(),
+            },
+            ArchiveError::Read { source } => Self::LocalIo {
+                doing: "read",
+                path: "<archive>".into(),
+                source,
+            },
+        }
+    }
+}
+
+fn to_kind(kind: FileKind) -> Kind {
+    match kind {
+        FileKind::File => Kind::File,
+        FileKind::Directory => Kind::Directory,
+    }
+}
+
+fn from_kind(kind: Kind) -> FileKind {
+    match kind {
+        Kind::File => FileKind::File,
+        Kind::Directory => FileKind::Directory,
+    }
+}
+
 impl TransferError {
     pub fn code(&self) -> ErrorCode {
         ErrorCode(match self {
@@ -191,13 +245,6 @@ fn io_err<'a>(doing: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> 
     }
 }
 
-fn rejected(entry: impl Into<String>, reason: impl Into<String>) -> TransferError {
-    TransferError::ArchiveRejected {
-        entry: entry.into(),
-        reason: reason.into(),
-    }
-}
-
 // ---------------------------------------------------------------- public API
 
 /// Copy the local file or directory `local` to `remote` inside the lease,
@@ -213,7 +260,7 @@ pub async fn upload(
     let src = absolute(local)?;
     let scan = {
         let (src, limits) = (src.clone(), limits.clone());
-        blocking(move || scan_local(&src, &limits)).await?
+        blocking(move || Ok(sandhost_archive::scan_tree(&src, &limits.archive())?)).await?
     };
     let path = if ctx.snapshot.native_sync() {
         native_upload(ctx, &src, &remote, &scan).await?;
@@ -224,8 +271,8 @@ pub async fn upload(
     };
     Ok(TransferReport {
         path,
-        files: scan.counts.files,
-        bytes: scan.counts.bytes,
+        files: scan.counts().files,
+        bytes: scan.counts().bytes,
     })
 }
 
@@ -242,7 +289,7 @@ pub async fn download(
     let remote = RemotePath::parse(remote)?;
     let dest = LocalDest::parse(local)?;
     let staging = Staging::create(&dest.parent)?;
-    let payload = staging.dir.join("payload");
+    let payload = staging.payload();
     let (path, kind) = if ctx.snapshot.native_sync() {
         let kind = native_download(ctx, &remote, &payload).await?;
         (TransferPath::Native, kind)
@@ -252,7 +299,14 @@ pub async fn download(
     };
     let counts = {
         let (payload, limits) = (payload.clone(), limits.clone());
-        blocking(move || check_staged(&payload, kind, &limits)).await?
+        blocking(move || {
+            Ok(sandhost_archive::check_staged(
+                &payload,
+                to_kind(kind),
+                &limits.archive(),
+            )?)
+        })
+        .await?
     };
     dest.install(&payload, kind)?;
     drop(staging);
@@ -393,341 +447,12 @@ impl LocalDest {
     /// Rename the checked payload into place. What was there is moved aside
     /// first and removed after; it comes back if the rename fails.
     fn install(&self, payload: &Path, kind: FileKind) -> Result<(), TransferError> {
-        let existing = match fs::symlink_metadata(&self.full) {
-            Ok(m) => Some(m),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err("inspect", &self.full)(e)),
-        };
-        let Some(existing) = existing else {
-            return fs::rename(payload, &self.full).map_err(io_err("rename into", &self.full));
-        };
-        if kind == FileKind::File {
-            if existing.is_dir() {
-                return Err(TransferError::LocalPathInvalid {
-                    path: self.full.display().to_string(),
-                    reason: "is a directory; a file cannot replace it".into(),
-                });
-            }
-            // rename(2) replaces a file or a symlink itself, atomically
-            return fs::rename(payload, &self.full).map_err(io_err("rename into", &self.full));
-        }
-        let aside = self.parent.join(format!(
-            "{TEMP_PREFIX}old-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        fs::rename(&self.full, &aside).map_err(io_err("move aside", &self.full))?;
-        if let Err(e) = fs::rename(payload, &self.full) {
-            let _ = fs::rename(&aside, &self.full);
-            return Err(io_err("rename into", &self.full)(e));
-        }
-        remove_tree(&aside).map_err(io_err("remove the replaced", &aside))
+        Ok(sandhost_archive::swap_into_place(
+            payload,
+            &self.full,
+            to_kind(kind),
+        )?)
     }
-}
-
-/// A private (0700) directory next to a local destination, removed on drop.
-#[derive(Debug)]
-struct Staging {
-    dir: PathBuf,
-}
-
-impl Staging {
-    fn create(parent: &Path) -> Result<Self, TransferError> {
-        let dir = parent.join(format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(io_err("create the staging directory", &dir))?;
-        Ok(Self { dir })
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = remove_tree(&self.dir);
-    }
-}
-
-/// Remove a file, a symlink or a whole tree without following symlinks,
-/// making read-only directories writable on the way.
-fn remove_tree(path: &Path) -> io::Result<()> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !meta.is_dir() {
-        return fs::remove_file(path);
-    }
-    if meta.permissions().mode() & 0o700 != 0o700 {
-        fs::set_permissions(path, fs::Permissions::from_mode(0o700))?;
-    }
-    for entry in fs::read_dir(path)? {
-        remove_tree(&entry?.path())?;
-    }
-    fs::remove_dir(path)
-}
-
-// ---------------------------------------------------------------- counting
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Counts {
-    entries: u64,
-    files: u64,
-    bytes: u64,
-}
-
-impl Counts {
-    fn entry(&mut self, limits: &TransferLimits) -> Result<(), TransferError> {
-        self.entries += 1;
-        if self.entries > limits.max_entries {
-            return Err(TransferError::CapExceeded {
-                what: "entry",
-                limit: limits.max_entries,
-            });
-        }
-        Ok(())
-    }
-
-    fn file(&mut self, size: u64, limits: &TransferLimits) -> Result<(), TransferError> {
-        self.files += 1;
-        self.bytes = self.bytes.saturating_add(size);
-        if self.bytes > limits.max_bytes {
-            return Err(TransferError::CapExceeded {
-                what: "byte",
-                limit: limits.max_bytes,
-            });
-        }
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------- names and symlinks
-
-/// A relative, normalised entry path: `None` for the root itself.
-fn entry_path(raw: &[u8]) -> Result<Option<PathBuf>, String> {
-    if raw.is_empty() {
-        return Err("empty path".into());
-    }
-    if raw.contains(&0) {
-        return Err("NUL byte in path".into());
-    }
-    if raw.len() > MAX_PATH_LEN {
-        return Err("path too long".into());
-    }
-    if std::str::from_utf8(raw).is_err() {
-        return Err("path is not UTF-8".into());
-    }
-    if raw[0] == b'/' {
-        return Err("absolute path".into());
-    }
-    let mut out = PathBuf::new();
-    for part in raw.split(|b| *b == b'/') {
-        match part {
-            b"" | b"." => {}
-            b".." => return Err("`..` in path".into()),
-            p if p.len() > MAX_NAME_LEN => return Err("path component too long".into()),
-            p => out.push(OsStr::from_bytes(p)),
-        }
-    }
-    Ok((!out.as_os_str().is_empty()).then_some(out))
-}
-
-/// Check a symlink at `link` (relative to the tree root) pointing at
-/// `target`: relative, never leaving the tree at any step, and never passing
-/// through another symlink (whose own target could lead anywhere). The last
-/// component may be a symlink: that one is checked on its own.
-fn check_link_target(
-    link: &Path,
-    target: &[u8],
-    is_symlink: &dyn Fn(&Path) -> bool,
-) -> Result<(), String> {
-    if target.is_empty() {
-        return Err("empty symlink target".into());
-    }
-    if target.contains(&0) || target.len() > MAX_PATH_LEN {
-        return Err("invalid symlink target".into());
-    }
-    if std::str::from_utf8(target).is_err() {
-        return Err("symlink target is not UTF-8".into());
-    }
-    if target[0] == b'/' {
-        return Err("absolute symlink target".into());
-    }
-    let mut at: PathBuf = link.parent().map(Path::to_path_buf).unwrap_or_default();
-    for part in target.split(|b| *b == b'/') {
-        if part.is_empty() || part == b"." {
-            continue;
-        }
-        if !at.as_os_str().is_empty() && is_symlink(&at) {
-            return Err("symlink target passes through another symlink".into());
-        }
-        if part == b".." {
-            if !at.pop() {
-                return Err("symlink target leaves the tree".into());
-            }
-        } else {
-            at.push(OsStr::from_bytes(part));
-        }
-    }
-    Ok(())
-}
-
-fn display(p: &Path) -> String {
-    p.display().to_string()
-}
-
-// ---------------------------------------------------------------- local scan (upload)
-
-#[derive(Debug, Clone)]
-enum LocalKind {
-    File,
-    Dir,
-    Symlink(PathBuf),
-}
-
-#[derive(Debug, Clone)]
-struct LocalEntry {
-    rel: PathBuf,
-    kind: LocalKind,
-    mode: u32,
-    size: u64,
-    mtime: u64,
-}
-
-#[derive(Debug, Clone)]
-struct LocalScan {
-    kind: FileKind,
-    /// Permission bits of the root (the file, or the directory).
-    mode: u32,
-    /// Entries below a directory root, parents before children.
-    entries: Vec<LocalEntry>,
-    counts: Counts,
-}
-
-fn mtime_of(meta: &fs::Metadata) -> u64 {
-    meta.modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs())
-}
-
-fn scan_local(root: &Path, limits: &TransferLimits) -> Result<LocalScan, TransferError> {
-    // the root is the path the caller named: follow it if it is a symlink
-    let meta = fs::metadata(root).map_err(io_err("read", root))?;
-    let mode = meta.permissions().mode() & 0o777;
-    let mut counts = Counts::default();
-    if meta.is_file() {
-        counts.entry(limits)?;
-        counts.file(meta.len(), limits)?;
-        return Ok(LocalScan {
-            kind: FileKind::File,
-            mode,
-            entries: vec![],
-            counts,
-        });
-    }
-    if !meta.is_dir() {
-        return Err(TransferError::LocalEntryRejected {
-            path: display(root),
-            reason: "not a regular file or directory".into(),
-        });
-    }
-    let mut entries = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(dir) = stack.pop() {
-        let full = root.join(&dir);
-        let mut names: Vec<_> = fs::read_dir(&full)
-            .map_err(io_err("list", &full))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(io_err("list", &full))?;
-        names.sort();
-        for name in names {
-            let rel = dir.join(&name);
-            let path = root.join(&rel);
-            let reject = |reason: &str| TransferError::LocalEntryRejected {
-                path: display(&path),
-                reason: reason.into(),
-            };
-            if entry_path(rel.as_os_str().as_bytes()).is_err() {
-                return Err(reject("name is not UTF-8 or too long"));
-            }
-            counts.entry(limits)?;
-            let m = fs::symlink_metadata(&path).map_err(io_err("inspect", &path))?;
-            let ft = m.file_type();
-            let kind = if ft.is_file() {
-                counts.file(m.len(), limits)?;
-                LocalKind::File
-            } else if ft.is_dir() {
-                stack.push(rel.clone());
-                LocalKind::Dir
-            } else if ft.is_symlink() {
-                let target = fs::read_link(&path).map_err(io_err("read the symlink", &path))?;
-                let is_link = |p: &Path| {
-                    fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.file_type().is_symlink())
-                };
-                check_link_target(&rel, target.as_os_str().as_bytes(), &is_link)
-                    .map_err(|r| reject(&r))?;
-                LocalKind::Symlink(target)
-            } else {
-                return Err(reject("not a regular file, directory or symlink"));
-            };
-            entries.push(LocalEntry {
-                rel,
-                kind,
-                mode: m.permissions().mode() & 0o777,
-                size: m.len(),
-                mtime: mtime_of(&m),
-            });
-        }
-    }
-    Ok(LocalScan {
-        kind: FileKind::Directory,
-        mode,
-        entries,
-        counts,
-    })
-}
-
-/// Write the scanned tree as a tar archive (modes kept, owner 0, special
-/// bits dropped) into `out`.
-fn build_archive(root: &Path, scan: &LocalScan, out: File) -> Result<(), TransferError> {
-    let mut builder = tar::Builder::new(io::BufWriter::new(out));
-    for e in &scan.entries {
-        let path = root.join(&e.rel);
-        let mut header = tar::Header::new_gnu();
-        header.set_mode(e.mode);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(e.mtime);
-        match &e.kind {
-            LocalKind::Dir => {
-                header.set_entry_type(tar::EntryType::Directory);
-                header.set_size(0);
-                builder
-                    .append_data(&mut header, &e.rel, io::empty())
-                    .map_err(io_err("archive", &path))?;
-            }
-            LocalKind::File => {
-                let file = File::open(&path).map_err(io_err("open", &path))?;
-                header.set_entry_type(tar::EntryType::Regular);
-                header.set_size(e.size);
-                // exactly the scanned size: a file that shrank fails loudly
-                builder
-                    .append_data(&mut header, &e.rel, file.take(e.size))
-                    .map_err(io_err("archive", &path))?;
-            }
-            LocalKind::Symlink(target) => {
-                header.set_entry_type(tar::EntryType::Symlink);
-                header.set_size(0);
-                builder
-                    .append_link(&mut header, &e.rel, target)
-                    .map_err(io_err("archive", &path))?;
-            }
-        }
-    }
-    let mut w = builder.into_inner().map_err(io_err("archive", root))?;
-    w.flush().map_err(io_err("archive", root))
 }
 
 // ---------------------------------------------------------------- native
@@ -753,7 +478,7 @@ async fn native_upload(
     ctx: &LeaseContext,
     src: &Path,
     remote: &RemotePath,
-    scan: &LocalScan,
+    scan: &Scan,
 ) -> Result<(), TransferError> {
     let id = operation_id();
     let params = SyncParams {
@@ -764,8 +489,8 @@ async fn native_upload(
             files: vec![FileMapping {
                 source_path: src.to_string_lossy().into_owned(),
                 target_path: remote.full.clone(),
-                kind: scan.kind,
-                mode: Some(FileMode(scan.mode)),
+                kind: from_kind(scan.kind()),
+                mode: Some(FileMode(scan.mode())),
                 exclude: None,
                 follow_symlinks: Some(false),
                 access: None,
@@ -946,7 +671,7 @@ async fn fallback_upload(
     ctx: &LeaseContext,
     src: &Path,
     remote: &RemotePath,
-    scan: &LocalScan,
+    scan: &Scan,
 ) -> Result<(), TransferError> {
     let target = shell_quote(&remote.full);
     let parent = shell_quote(&remote.parent);
@@ -954,7 +679,7 @@ async fn fallback_upload(
         "{}/{TEMP_PREFIX}XXXXXXXX",
         remote.parent.trim_end_matches('/')
     ));
-    if scan.kind == FileKind::File {
+    if scan.kind() == Kind::File {
         let tmp = send_chunks(ctx, remote, src).await?;
         let script = format!(
             "set -e; a={tmp}; t={target}; p={parent}; b=$(mktemp {template}); \
@@ -964,7 +689,7 @@ async fn fallback_upload(
              if [ -L \"$t\" ]; then rm -f \"$t\"; fi; \
              mv -f \"$b\" \"$t\"",
             tmp = shell_quote(&tmp),
-            mode = scan.mode,
+            mode = scan.mode(),
         );
         run(ctx, "installing the uploaded file", &script).await?;
         return Ok(());
@@ -983,7 +708,7 @@ async fn fallback_upload(
     let guard = HostTemp(archive.clone());
     {
         let (src, scan) = (src.to_path_buf(), scan.clone());
-        blocking(move || build_archive(&src, &scan, out)).await?;
+        blocking(move || Ok(sandhost_archive::pack_tree(&src, &scan, out)?)).await?;
     }
     let tmp = send_chunks(ctx, remote, &guard.0).await?;
     drop(guard);
@@ -996,7 +721,7 @@ async fn fallback_upload(
          elif [ -e \"$t\" ] || [ -L \"$t\" ]; then rm -f \"$t\"; fi; \
          mv \"$d\" \"$t\"; d=''",
         tmp = shell_quote(&tmp),
-        mode = scan.mode,
+        mode = scan.mode(),
     );
     run(ctx, "unpacking the uploaded directory", &script).await?;
     Ok(())
@@ -1062,8 +787,9 @@ async fn fallback_download(
     blocking(move || match kind {
         FileKind::File => {
             let mut counts = Counts::default();
-            counts.entry(&limits)?;
-            counts.file(bytes.len() as u64, &limits)?;
+            let archive_limits = limits.archive();
+            counts.add_entry(&archive_limits)?;
+            counts.add_file(bytes.len() as u64, &archive_limits)?;
             let mut f = create_private(&payload)?;
             f.write_all(&bytes).map_err(io_err("write", &payload))?;
             Ok(FileKind::File)
@@ -1091,275 +817,16 @@ fn create_private(path: &Path) -> Result<File, TransferError> {
 
 // ---------------------------------------------------------------- unpacking
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
-    Dir,
-    File,
-    Symlink,
-}
+/// What [`unpack_archive`] wrote.
+pub type UnpackCounts = sandhost_archive::Counts;
 
-/// Unpack a tar archive into `root` (an existing, empty, private directory)
-/// by the rules in the module docs. Caps are checked before each entry is
-/// written. On error `root` may hold a partial tree: the caller removes it
-/// (a download unpacks into its staging directory, never in place).
+/// Unpack an in-memory tar archive into `root` (an existing, empty, private
+/// directory) by the rules in the module docs; see [`sandhost_archive::unpack`],
+/// which this wraps.
 pub fn unpack_archive(
     archive: &[u8],
     root: &Path,
     limits: &TransferLimits,
 ) -> Result<UnpackCounts, TransferError> {
-    let mut ar = tar::Archive::new(archive);
-    let mut counts = Counts::default();
-    let mut seen: HashMap<PathBuf, Seen> = HashMap::new();
-    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
-    let mut root_mode: Option<u32> = None;
-    let mut links: Vec<(PathBuf, Vec<u8>)> = Vec::new();
-    let malformed = |e: io::Error| rejected("<archive>", format!("malformed archive: {e}"));
-
-    for entry in ar.entries().map_err(malformed)? {
-        let mut entry = entry.map_err(malformed)?;
-        let raw = entry.path_bytes().into_owned();
-        let name = String::from_utf8_lossy(&raw).into_owned();
-        let kind = entry.header().entry_type();
-        if kind == tar::EntryType::XGlobalHeader {
-            continue;
-        }
-        let rel = entry_path(&raw).map_err(|r| rejected(&name, r))?;
-        let mode = entry
-            .header()
-            .mode()
-            .map_err(|e| rejected(&name, e.to_string()))?
-            & 0o777;
-        let Some(rel) = rel else {
-            if kind != tar::EntryType::Directory {
-                return Err(rejected(&name, "the archive root is not a directory"));
-            }
-            root_mode = Some(mode);
-            continue;
-        };
-        counts.entry(limits)?;
-        // nothing may live below a symlink or a file
-        for anc in rel.ancestors().skip(1) {
-            match seen.get(anc) {
-                Some(Seen::Symlink) => return Err(rejected(&name, "path goes through a symlink")),
-                Some(Seen::File) => return Err(rejected(&name, "path goes through a file")),
-                _ => {}
-            }
-        }
-        let previous = seen.get(&rel).copied();
-        match kind {
-            tar::EntryType::Directory => {
-                match previous {
-                    None => {
-                        make_parents(root, &rel, &mut seen, &mut dir_modes)?;
-                        let full = root.join(&rel);
-                        fs::DirBuilder::new()
-                            .mode(0o700)
-                            .create(&full)
-                            .map_err(io_err("create", &full))?;
-                        seen.insert(rel.clone(), Seen::Dir);
-                    }
-                    Some(Seen::Dir) => {}
-                    Some(_) => return Err(rejected(&name, "duplicate entry")),
-                }
-                dir_modes.retain(|(p, _)| p != &rel);
-                dir_modes.push((rel, mode));
-            }
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
-                if previous.is_some() {
-                    return Err(rejected(&name, "duplicate entry"));
-                }
-                let size = entry.size();
-                counts.file(size, limits)?;
-                make_parents(root, &rel, &mut seen, &mut dir_modes)?;
-                let full = root.join(&rel);
-                let mut out = create_private(&full)?;
-                let copied = io::copy(&mut (&mut entry).take(size), &mut out)
-                    .map_err(io_err("write", &full))?;
-                if copied != size {
-                    return Err(rejected(&name, "archive ends inside the entry"));
-                }
-                fs::set_permissions(&full, fs::Permissions::from_mode(mode))
-                    .map_err(io_err("set the mode of", &full))?;
-                seen.insert(rel, Seen::File);
-            }
-            tar::EntryType::Symlink => {
-                if previous.is_some() {
-                    return Err(rejected(&name, "duplicate entry"));
-                }
-                let target = entry
-                    .link_name_bytes()
-                    .map(|t| t.into_owned())
-                    .ok_or_else(|| rejected(&name, "symlink without a target"))?;
-                if target.first() == Some(&b'/') {
-                    return Err(rejected(&name, "absolute symlink target"));
-                }
-                seen.insert(rel.clone(), Seen::Symlink);
-                links.push((rel, target));
-            }
-            tar::EntryType::Link => return Err(rejected(&name, "hard link")),
-            tar::EntryType::Char | tar::EntryType::Block => {
-                return Err(rejected(&name, "device node"))
-            }
-            tar::EntryType::Fifo => return Err(rejected(&name, "fifo")),
-            tar::EntryType::GNUSparse => return Err(rejected(&name, "sparse file")),
-            other => {
-                return Err(rejected(
-                    &name,
-                    format!("unsupported entry type {}", other.as_byte()),
-                ))
-            }
-        }
-    }
-
-    // symlinks last: while files were written there were none to follow
-    let is_link = |p: &Path| seen.get(p) == Some(&Seen::Symlink);
-    for (rel, target) in &links {
-        check_link_target(rel, target, &is_link).map_err(|r| rejected(display(rel), r))?;
-    }
-    let mut seen_after = seen.clone();
-    for (rel, target) in &links {
-        make_parents(root, rel, &mut seen_after, &mut dir_modes)?;
-        let full = root.join(rel);
-        std::os::unix::fs::symlink(OsStr::from_bytes(target), &full)
-            .map_err(io_err("create the symlink", &full))?;
-    }
-    apply_dir_modes(root, dir_modes, root_mode)?;
-    Ok(UnpackCounts {
-        entries: counts.entries,
-        files: counts.files,
-        bytes: counts.bytes,
-    })
-}
-
-/// What [`unpack_archive`] wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UnpackCounts {
-    pub entries: u64,
-    pub files: u64,
-    pub bytes: u64,
-}
-
-/// Create the missing parents of `rel` (0700 now, 0755 at the end).
-fn make_parents(
-    root: &Path,
-    rel: &Path,
-    seen: &mut HashMap<PathBuf, Seen>,
-    dir_modes: &mut Vec<(PathBuf, u32)>,
-) -> Result<(), TransferError> {
-    let mut parents: Vec<&Path> = rel
-        .ancestors()
-        .skip(1)
-        .filter(|a| !a.as_os_str().is_empty())
-        .collect();
-    parents.reverse();
-    for p in parents {
-        match seen.get(p) {
-            Some(Seen::Dir) => {}
-            Some(_) => return Err(rejected(display(rel), "path goes through a non-directory")),
-            None => {
-                let full = root.join(p);
-                fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(&full)
-                    .map_err(io_err("create", &full))?;
-                seen.insert(p.to_path_buf(), Seen::Dir);
-                dir_modes.push((p.to_path_buf(), 0o755));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Directory modes go on last, deepest first, so a read-only directory does
-/// not block writing its children.
-fn apply_dir_modes(
-    root: &Path,
-    mut dir_modes: Vec<(PathBuf, u32)>,
-    root_mode: Option<u32>,
-) -> Result<(), TransferError> {
-    dir_modes.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
-    for (rel, mode) in dir_modes {
-        let full = root.join(&rel);
-        fs::set_permissions(&full, fs::Permissions::from_mode(mode))
-            .map_err(io_err("set the mode of", &full))?;
-    }
-    if let Some(mode) = root_mode {
-        fs::set_permissions(root, fs::Permissions::from_mode(mode))
-            .map_err(io_err("set the mode of", root))?;
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------- staged check
-
-/// Check what landed in the staging directory by the same rules as an
-/// archive (the native path wrote it; the fallback path unpacked it) and
-/// count it. Special mode bits are stripped here.
-fn check_staged(
-    payload: &Path,
-    kind: FileKind,
-    limits: &TransferLimits,
-) -> Result<Counts, TransferError> {
-    let meta = fs::symlink_metadata(payload).map_err(io_err("inspect", payload))?;
-    let mut counts = Counts::default();
-    let strip = |path: &Path, m: &fs::Metadata| -> Result<(), TransferError> {
-        let mode = m.permissions().mode();
-        if mode & 0o7000 != 0 {
-            fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o777))
-                .map_err(io_err("set the mode of", path))?;
-        }
-        Ok(())
-    };
-    match kind {
-        FileKind::File => {
-            if !meta.file_type().is_file() {
-                return Err(rejected("<file>", "the download is not a regular file"));
-            }
-            counts.entry(limits)?;
-            counts.file(meta.len(), limits)?;
-            fs::set_permissions(payload, fs::Permissions::from_mode(DOWNLOADED_FILE_MODE))
-                .map_err(io_err("set the mode of", payload))?;
-            return Ok(counts);
-        }
-        FileKind::Directory => {
-            if !meta.file_type().is_dir() {
-                return Err(rejected("<root>", "the download is not a directory"));
-            }
-            strip(payload, &meta)?;
-        }
-    }
-    let is_link =
-        |p: &Path| fs::symlink_metadata(payload.join(p)).is_ok_and(|m| m.file_type().is_symlink());
-    let mut stack = vec![PathBuf::new()];
-    while let Some(dir) = stack.pop() {
-        let full_dir = payload.join(&dir);
-        for entry in fs::read_dir(&full_dir).map_err(io_err("list", &full_dir))? {
-            let entry = entry.map_err(io_err("list", &full_dir))?;
-            let rel = dir.join(entry.file_name());
-            let name = display(&rel);
-            entry_path(rel.as_os_str().as_bytes()).map_err(|r| rejected(&name, r))?;
-            counts.entry(limits)?;
-            let full = payload.join(&rel);
-            let m = fs::symlink_metadata(&full).map_err(io_err("inspect", &full))?;
-            let ft = m.file_type();
-            if ft.is_file() {
-                if m.nlink() > 1 {
-                    // a hard link may share its inode with a file outside
-                    return Err(rejected(&name, "hard link"));
-                }
-                counts.file(m.len(), limits)?;
-                strip(&full, &m)?;
-            } else if ft.is_dir() {
-                strip(&full, &m)?;
-                stack.push(rel);
-            } else if ft.is_symlink() {
-                let target = fs::read_link(&full).map_err(io_err("read the symlink", &full))?;
-                check_link_target(&rel, target.as_os_str().as_bytes(), &is_link)
-                    .map_err(|r| rejected(&name, r))?;
-            } else {
-                return Err(rejected(&name, "not a regular file, directory or symlink"));
-            }
-        }
-    }
-    Ok(counts)
+    Ok(sandhost_archive::unpack(archive, root, &limits.archive())?)
 }
