@@ -30,6 +30,10 @@ pub enum LocalError {
     InvalidRequest(String),
     #[error("command could not be started: {0}")]
     Spawn(String),
+    #[error("cannot connect to port {port} inside the sandbox: {reason}")]
+    PortConnect { port: u16, reason: String },
+    #[error("channel is closed: {0}")]
+    ChannelClosed(String),
     #[error("protocol error talking to the sandbox init: {0}")]
     Protocol(String),
     #[error("{context}: {source}")]
@@ -57,6 +61,8 @@ impl LocalError {
             LocalError::Gone(_) => "E6022",
             LocalError::InvalidRequest(_) => "E6030",
             LocalError::Spawn(_) => "E6031",
+            LocalError::PortConnect { .. } => "E6032",
+            LocalError::ChannelClosed(_) => "E6033",
             LocalError::Protocol(_) => "E6040",
             LocalError::Io { .. } => "E6050",
         }
@@ -100,6 +106,11 @@ mod tests {
             LocalError::Gone("x".into()),
             LocalError::InvalidRequest("x".into()),
             LocalError::Spawn("x".into()),
+            LocalError::PortConnect {
+                port: 1,
+                reason: "x".into(),
+            },
+            LocalError::ChannelClosed("x".into()),
             LocalError::Protocol("x".into()),
             LocalError::io("x", io::Error::from(io::ErrorKind::NotFound)),
         ];

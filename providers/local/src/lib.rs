@@ -12,6 +12,7 @@
 
 mod cgroup;
 mod config;
+mod duplex;
 mod error;
 pub mod init;
 mod probe;
@@ -22,6 +23,7 @@ mod seccomp;
 mod sys;
 
 pub use config::{ExecRequest, ExecResult, SandboxConfig, SandboxStatus, Stream};
+pub use duplex::{ChannelEvent, ChannelExit, PtyChannel, PtyRequest, TcpChannel};
 pub use error::LocalError;
 pub use probe::{probe, Diagnostic, Severity};
 pub use sandbox::LocalSandbox;

@@ -22,6 +22,22 @@ pub const RESULT: u8 = b'R';
 pub const FAIL: u8 = b'F';
 pub const OK: u8 = b'A';
 
+// Duplex channels. A connection that sends `PTY_OPEN` or `TCP_OPEN` becomes
+// that channel's own: the init answers `OK` with [`ChanOpened`] (or `FAIL`),
+// then both sides send `CHAN_DATA` (raw bytes); the host may send
+// `CHAN_RESIZE` (u16 LE cols, u16 LE rows) and `CHAN_EOF` (no more input);
+// the init sends `CHAN_EOF` when a TCP peer ended its output, and exactly
+// one `RESULT` with [`ChanExit`] last. `CHAN_KILL` ([`ChanKill`]) arrives on
+// a fresh connection, so it works even while the channel's own is backlogged.
+/// Open a pty channel: [`PtySpec`] JSON.
+pub const PTY_OPEN: u8 = b'P';
+/// Open a TCP channel: [`TcpSpec`] JSON.
+pub const TCP_OPEN: u8 = b'T';
+pub const CHAN_DATA: u8 = b'D';
+pub const CHAN_RESIZE: u8 = b'W';
+pub const CHAN_EOF: u8 = b'C';
+pub const CHAN_KILL: u8 = b'Q';
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Hello {
     pub id: String,
@@ -61,6 +77,41 @@ pub struct Status {
     pub processes: u32,
     pub running_execs: u32,
     pub uptime_ms: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PtySpec {
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub env: Vec<(String, String)>,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TcpSpec {
+    pub port: u16,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChanOpened {
+    /// Names the channel in a later [`ChanKill`].
+    pub token: u64,
+    /// Pty only: the command's pid inside the sandbox and its terminal.
+    pub pid: Option<i32>,
+    pub tty: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ChanExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChanKill {
+    pub token: u64,
 }
 
 pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Layout, Limits, SandboxCgroup};
 use crate::config::{ExecRequest, ExecResult, SandboxConfig, SandboxStatus, Stream};
+use crate::duplex::{PtyChannel, PtyRequest, TcpChannel};
 use crate::error::{IoContext, LocalError};
 use crate::init::InitConfig;
 use crate::proto::{self, ExecDone, ExecSpec, Fail, Hello, Status};
@@ -246,7 +247,7 @@ impl LocalSandbox {
         self.state.cgroup.pids_current()
     }
 
-    fn connect(&self) -> Result<UnixStream, LocalError> {
+    pub(crate) fn connect(&self) -> Result<UnixStream, LocalError> {
         let id = &self.state.id;
         let mut s = UnixStream::connect(self.state_dir.join(SOCKET))
             .map_err(|_| LocalError::Gone(id.clone()))?;
@@ -342,6 +343,26 @@ impl LocalSandbox {
         Ok(res)
     }
 
+    /// Run `req.argv` on a fresh pty inside the sandbox, in a new session
+    /// with the pty as its controlling terminal; see [`PtyChannel`].
+    pub fn open_pty(&self, req: &PtyRequest) -> Result<PtyChannel, LocalError> {
+        PtyChannel::open(self, req)
+    }
+
+    /// A byte stream to `127.0.0.1:port` inside the sandbox's network
+    /// namespace (E6032 when nothing accepts there); see [`TcpChannel`].
+    pub fn connect_tcp(&self, port: u16) -> Result<TcpChannel, LocalError> {
+        TcpChannel::open(self, port)
+    }
+
+    /// Another handle on the same sandbox (for a channel's out-of-band kill).
+    pub(crate) fn handle(&self) -> LocalSandbox {
+        LocalSandbox {
+            state_dir: self.state_dir.clone(),
+            state: self.state.clone(),
+        }
+    }
+
     /// SIGKILL every process of the sandbox except its init; returns how many there were.
     pub fn kill_all(&self) -> Result<u32, LocalError> {
         let mut s = self.connect()?;
@@ -407,7 +428,7 @@ impl LocalSandbox {
     }
 }
 
-fn fail_to_error(payload: &[u8]) -> LocalError {
+pub(crate) fn fail_to_error(payload: &[u8]) -> LocalError {
     match serde_json::from_slice::<Fail>(payload) {
         Ok(f) => match f.code.as_str() {
             "not_found" | "spawn" => LocalError::Spawn(f.message),

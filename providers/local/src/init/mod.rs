@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sys;
 
+mod duplex;
 mod rootfs;
 mod server;
 

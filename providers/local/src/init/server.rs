@@ -10,11 +10,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::duplex::{self, Duplex};
 use super::InitConfig;
 use crate::proto::{self, ExecDone, ExecSpec, Fail, Hello, Status};
 use crate::sys::{self, ChildStatus};
 
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(super) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long output pipes may stay open after the command exited (a background
 /// child holding them) before the result is sent anyway.
 const LINGER: Duration = Duration::from_millis(50);
@@ -51,6 +53,8 @@ enum Tag {
     Conn(usize),
     Out(usize, usize),
     In(usize),
+    /// A duplex channel's host connection or far end (pty master, socket).
+    Duplex(duplex::Slot),
 }
 
 pub(super) struct Server {
@@ -59,6 +63,7 @@ pub(super) struct Server {
     sigfd: File,
     conns: Vec<Option<Conn>>,
     execs: Vec<Exec>,
+    duplex: Duplex,
     started: Instant,
 }
 
@@ -75,6 +80,7 @@ impl Server {
             sigfd: File::from(sigfd),
             conns: vec![],
             execs: vec![],
+            duplex: Duplex::default(),
             started: Instant::now(),
         }
     }
@@ -84,6 +90,7 @@ impl Server {
             let now = Instant::now();
             self.timers(now);
             self.finish_done(now);
+            self.duplex.tick(now);
             let mut fds = vec![];
             let mut tags = vec![];
             let mut add = |fd: i32, events: i16, tag: Tag| {
@@ -111,6 +118,8 @@ impl Server {
                     add(f.as_raw_fd(), sys::POLLOUT, Tag::In(i));
                 }
             }
+            self.duplex
+                .add_fds(&mut |fd, ev, slot| add(fd, ev, Tag::Duplex(slot)));
             let timeout = self.next_timer().map_or(-1, |t| {
                 let d = t.saturating_duration_since(Instant::now());
                 (d.as_millis() as i32).saturating_add(1)
@@ -128,6 +137,7 @@ impl Server {
                     Tag::Conn(i) => self.conn_readable(i),
                     Tag::Out(i, s) => self.out_readable(i, s),
                     Tag::In(i) => self.stdin_writable(i),
+                    Tag::Duplex(s) => self.duplex.ready(s, pfd.revents),
                 }
             }
             self.conns.iter_mut().for_each(|c| {
@@ -151,6 +161,7 @@ impl Server {
                 [deadline, e.kill_at.filter(|_| e.status.is_none()), linger]
             })
             .flatten()
+            .chain(self.duplex.next_timer())
             .min()
     }
 
@@ -260,6 +271,7 @@ impl Server {
                 e.status = Some(st);
                 e.exited_at = Some(Instant::now());
             }
+            self.duplex.reaped(pid, st);
         }
     }
 
@@ -337,6 +349,26 @@ impl Server {
                         }
                     }
                     Err((code, msg)) => self.fail(conn, code, msg),
+                }
+            }
+            proto::PTY_OPEN | proto::TCP_OPEN => {
+                if self.conns[conn].as_ref().is_some_and(|c| c.busy) {
+                    return self.fail(
+                        conn,
+                        "busy",
+                        "an exec is already running on this connection".into(),
+                    );
+                }
+                // The connection becomes the channel's own (see init::duplex).
+                if let Some(c) = self.conns[conn].take() {
+                    self.duplex.open(&self.cfg, c.stream, c.rbuf, kind, payload);
+                }
+            }
+            proto::CHAN_KILL => {
+                if self.duplex.kill(payload) {
+                    self.send(conn, proto::OK, &[]);
+                } else {
+                    self.fail(conn, "not_found", "no such channel".into());
                 }
             }
             proto::KILL_ALL => {
@@ -562,7 +594,7 @@ fn child(s: ChildSetup<'_>) -> ! {
     report(e)
 }
 
-fn resolve(prog: &str, path_var: &str) -> Option<PathBuf> {
+pub(super) fn resolve(prog: &str, path_var: &str) -> Option<PathBuf> {
     if prog.contains('/') {
         return Some(PathBuf::from(prog));
     }

@@ -12,6 +12,10 @@ use std::path::Path;
 
 pub use libc::pid_t;
 
+// Pty, window size, controlling terminal and loopback connect for duplex channels.
+mod duplex;
+pub use duplex::*;
+
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
         Err(io::Error::last_os_error())
