@@ -6,10 +6,12 @@ subprocesses. This is NOT a security sandbox: it isolates nothing.
 stdout carries protocol only; logs go to stderr.
 """
 import codecs
+import fnmatch
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,7 @@ import uuid
 STATE_DIR = os.environ.get("SANDHOST_STATE_DIR") or os.path.join(
     tempfile.gettempdir(), "sandhost-python-provider")
 INCREMENTAL_OUTPUT = True  # keep in line with plugin.json incrementalSessionOutput
+MAX_SYNC_BYTES, MAX_SYNC_ENTRIES = 1 << 30, 100000  # per sync call; config maxSyncBytes / maxSyncEntries
 
 NOT_FOUND, INVALID_PARAMS, WORKER_ERROR, NOT_IMPLEMENTED = -32601, -32602, -32002, -32004
 _write_lock = threading.Lock()
@@ -54,24 +57,40 @@ def lease_dir(lease_id):
 
 
 def lease_root(params):
-    lease = params.get("lease") or {}
-    root = os.path.join(lease_dir(lease.get("providerLeaseId")), "root")
+    lease_id = (params.get("lease") or {}).get("providerLeaseId")
+    root = os.path.join(lease_dir(lease_id), "root")
     if not os.path.isdir(root):
         raise RpcError(WORKER_ERROR, "lease not found")
+    if os.path.exists(os.path.join(lease_dir(lease_id), "released")):
+        raise RpcError(WORKER_ERROR, "lease %s is released; resume it first" % lease_id)
     return root
 
 
+def inside(root, path):
+    return path == root or path.startswith(root + os.sep)
+
+
 def confine(root, path):
-    """Resolve a relative path inside root; refuse absolute paths and escapes."""
+    """The real path of a lease-side path; it must resolve inside the lease root.
+
+    Relative paths are taken from the root; an absolute one must point into it.
+    Symlinks are resolved, the last component included, so that none leads out.
+    """
     path = path or "."
-    if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
+    if ".." in path.replace("\\", "/").split("/"):
         raise RpcError(INVALID_PARAMS, "path escapes the lease root: %s" % path)
-    full = os.path.join(root, path)
     real_root = os.path.realpath(root)
-    real_parent = os.path.realpath(os.path.dirname(full))
-    if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+    real = os.path.realpath(os.path.join(root, path))
+    if not inside(real_root, real):
         raise RpcError(INVALID_PARAMS, "path escapes the lease root: %s" % path)
-    return full
+    return real
+
+
+def host_path(path):
+    """Host-side paths must be absolute: the worker's own cwd means nothing to the host."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise RpcError(INVALID_PARAMS, "host-side paths must be absolute: %r" % (path,))
+    return path
 
 
 def lease_object(lease_id):
@@ -86,6 +105,7 @@ def acquire_lease(params):
 
 
 def resume_lease(params):
+    """A live or released lease comes back (released ones become live again)."""
     lease_id = params.get("providerLeaseId")
     try:
         exists = os.path.isdir(os.path.join(lease_dir(lease_id), "root"))
@@ -93,12 +113,22 @@ def resume_lease(params):
         exists = False
     if not exists:
         return {"providerLeaseId": None, "metadata": {"reason": "not_found"}, "expiresAt": None}
+    remove(os.path.join(lease_dir(lease_id), "released"))
     return lease_object(lease_id)
 
 
-def end_lease(params):
+def release_lease(params):
+    """Keep the directory for a later resume; only mark the lease released."""
     lease_id = params.get("providerLeaseId")
-    shutil.rmtree(lease_dir(lease_id), ignore_errors=True)
+    if not os.path.isdir(lease_dir(lease_id)):
+        return {"providerLeaseId": lease_id, "state": "destroyed"}
+    open(os.path.join(lease_dir(lease_id), "released"), "w").close()
+    return {"providerLeaseId": lease_id, "state": "stopped"}
+
+
+def destroy_lease(params):
+    lease_id = params.get("providerLeaseId")
+    remove(lease_dir(lease_id))  # destroying a lease that is already gone is fine
     return {"providerLeaseId": lease_id, "state": "destroyed"}
 
 
@@ -157,64 +187,170 @@ def execute(params, request_id):
 
 # ---------------------------------------------------------------- sync
 
-def copy_file_atomic(src, dst, mode):
-    """Temp file in the target's directory, mode set before rename, then rename."""
+def perm(st_mode):
+    """Permission bits only: setuid, setgid and sticky are never copied."""
+    return stat.S_IMODE(st_mode) & 0o777
+
+
+def remove(path):
+    """Delete a file, a symlink or a whole tree (read-only directories included)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        for base, dirs, _ in os.walk(path):  # top-down: made writable before entered
+            for d in dirs:
+                if not os.path.islink(os.path.join(base, d)):
+                    os.chmod(os.path.join(base, d), 0o700)
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+class Budget:
+    """Byte and entry caps for one sync call, counted before anything is written."""
+
+    def __init__(self, config):
+        self.max_bytes = config.get("maxSyncBytes", MAX_SYNC_BYTES)
+        self.max_entries = config.get("maxSyncEntries", MAX_SYNC_ENTRIES)
+        for value in (self.max_bytes, self.max_entries):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RpcError(INVALID_PARAMS, "maxSyncBytes and maxSyncEntries must be positive integers")
+        self.bytes = self.entries = 0
+
+    def add(self, path, st):
+        self.entries += 1
+        self.bytes += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        if self.entries > self.max_entries:
+            raise RpcError(WORKER_ERROR, "sync refused: more than maxSyncEntries=%d entries (at %s); "
+                           "nothing was written" % (self.max_entries, path))
+        if self.bytes > self.max_bytes:
+            raise RpcError(WORKER_ERROR, "sync refused: more than maxSyncBytes=%d bytes (at %s); "
+                           "nothing was written" % (self.max_bytes, path))
+
+
+def scan_tree(src, mapping, budget):
+    """List a directory's entries as (relative path, stat, symlink target or None).
+
+    Symlinks are kept only if relative and resolving inside the tree; with
+    followSymlinks, such a link to a file is copied as that file (links to
+    directories stay links, as following them could loop). Anything that is
+    not a file, directory or symlink is refused.
+    """
+    real_src, exclude, entries = os.path.realpath(src), mapping.get("exclude") or [], []
+
+    def walk(rel):
+        for entry in sorted(os.scandir(os.path.join(src, rel)), key=lambda e: e.name):
+            if any(fnmatch.fnmatch(entry.name, pattern) for pattern in exclude):
+                continue
+            path, st, link = os.path.join(rel, entry.name), entry.stat(follow_symlinks=False), None
+            if stat.S_ISLNK(st.st_mode):
+                link = os.readlink(entry.path)
+                if os.path.isabs(link) or not inside(real_src, os.path.realpath(entry.path)):
+                    raise RpcError(WORKER_ERROR, "sync refused: symlink %s -> %s leaves the tree" % (path, link))
+                if mapping.get("followSymlinks") and os.path.isfile(entry.path):
+                    st, link = os.stat(entry.path), None
+            elif not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise RpcError(WORKER_ERROR, "sync refused: %s is not a file, directory or symlink" % path)
+            budget.add(path, st)
+            entries.append((path, st, link))
+            if link is None and stat.S_ISDIR(st.st_mode):
+                walk(path)
+
+    walk("")
+    return entries
+
+
+def plan(root, mapping, direction, budget):
+    """Check one file mapping without writing anything: paths, kinds, symlinks, sizes."""
+    if direction == "in":
+        src, dst = host_path(mapping["sourcePath"]), confine(root, mapping["targetPath"])
+    else:
+        src, dst = confine(root, mapping["sourcePath"]), host_path(mapping["targetPath"])
+    st = os.stat(src)
+    if mapping.get("kind") == "directory":
+        if not stat.S_ISDIR(st.st_mode):
+            raise RpcError(WORKER_ERROR, "%s is not a directory" % mapping["sourcePath"])
+        entries = scan_tree(src, mapping, budget)
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise RpcError(WORKER_ERROR, "%s is not a regular file" % mapping["sourcePath"])
+        budget.add(mapping["sourcePath"], st)
+        entries = None
+    mode = mapping.get("mode")
+    mode = int(mode, 8) if isinstance(mode, str) else mode
+    return src, dst, st, entries, perm(mode if mode is not None else st.st_mode)
+
+
+def copy_bytes(src, out, size):
+    """Copy src into the open file out, refusing a file that grew since it was counted."""
+    copied = 0
+    with open(src, "rb") as inp:
+        for chunk in iter(lambda: inp.read(1 << 20), b""):
+            copied += len(chunk)
+            if copied > size:
+                raise RpcError(WORKER_ERROR, "%s grew during the sync" % src)
+            out.write(chunk)
+    return copied
+
+
+def copy_file_atomic(src, dst, st, mode):
+    """Temp file (0600) in the target's directory, mode set before the rename."""
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".sync-")  # created 0600
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".sync-")
     try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out)
-        os.chmod(tmp, mode if mode is not None else 0o644)
+        with os.fdopen(fd, "wb") as out:
+            size = copy_bytes(src, out, st.st_size)
+        os.chmod(tmp, mode)
         os.replace(tmp, dst)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        remove(tmp)
         raise
-    return os.path.getsize(dst)
+    return 1, size
 
 
-def copy_dir_replace(src, dst, mapping):
-    """Copy to a temp dir beside the target, then destroy the old one and rename."""
+def copy_dir_replace(src, dst, entries, mode):
+    """Build the tree in a private (0700) temp dir beside the target, then
+    destroy the old target and rename. The temp dir goes on every path."""
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(dst), prefix=".sync-")
-    staged = os.path.join(tmp, "tree")
-    ignore = shutil.ignore_patterns(*mapping["exclude"]) if mapping.get("exclude") else None
-    shutil.copytree(src, staged, symlinks=not mapping.get("followSymlinks", False), ignore=ignore)
-    if mapping.get("mode") is not None:
-        os.chmod(staged, mapping["mode"])
-    if os.path.lexists(dst):
-        shutil.rmtree(dst) if os.path.isdir(dst) and not os.path.islink(dst) else os.unlink(dst)
-    os.rename(staged, dst)
-    os.rmdir(tmp)
-    files = sizes = 0
-    for base, _, names in os.walk(dst):
-        for name in names:
-            files += 1
-            sizes += os.lstat(os.path.join(base, name)).st_size
-    return files, sizes
-
-
-def parse_mode(mode):
-    return int(mode, 8) if isinstance(mode, str) else mode
+    files = size = 0
+    try:
+        staged = os.path.join(tmp, "tree")
+        os.mkdir(staged, 0o700)
+        for rel, st, link in entries:
+            out = os.path.join(staged, rel)
+            if link is not None:
+                os.symlink(link, out)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(out, 0o700)
+            else:
+                with open(out, "xb") as f:
+                    size += copy_bytes(os.path.join(src, rel), f, st.st_size)
+                os.chmod(out, perm(st.st_mode))
+                files += 1
+        for rel, st, link in reversed(entries):  # directory modes last: read-only dirs were filled
+            if link is None and stat.S_ISDIR(st.st_mode):
+                os.chmod(os.path.join(staged, rel), perm(st.st_mode))
+        os.chmod(staged, mode)
+        remove(dst)
+        os.rename(staged, dst)
+    finally:
+        remove(tmp)
+    return files, size
 
 
 def sync(params, direction):
     root = lease_root(params)
+    budget = Budget(params.get("config") or {})
+    # Check every mapping of every operation before the first byte is written.
+    plans = [(op, [plan(root, m, direction, budget) for m in op.get("files") or []])
+             for op in params.get("operations") or []]
     results = []
-    for op in params.get("operations") or []:
+    for op, steps in plans:
         files = total = 0
-        for m in op.get("files") or []:
-            m = dict(m, mode=parse_mode(m.get("mode")))
-            if direction == "in":
-                src, dst = m["sourcePath"], confine(root, m["targetPath"])
-            else:
-                src, dst = confine(root, m["sourcePath"]), m["targetPath"]
-            if m.get("kind") == "directory":
-                n, size = copy_dir_replace(src, dst, m)
-                files, total = files + n, total + size
-            else:
-                total += copy_file_atomic(src, dst, m["mode"])
-                files += 1
+        for src, dst, st, entries, mode in steps:
+            n, size = (copy_file_atomic(src, dst, st, mode) if entries is None
+                       else copy_dir_replace(src, dst, entries, mode))
+            files, total = files + n, total + size
         for cmd in (op.get("postUploadCommands") or []) if direction == "in" else []:
             done = subprocess.run(["/bin/sh", "-c", cmd["command"]], cwd=confine(root, cmd.get("cwd")),
                                   capture_output=True, timeout=(cmd.get("timeoutMs") or 60000) / 1000.0)
@@ -232,8 +368,8 @@ HANDLERS = {
     "health": lambda p, rid: {"status": "ok"},
     "environmentAcquireLease": lambda p, rid: acquire_lease(p),
     "environmentResumeLease": lambda p, rid: resume_lease(p),
-    "environmentReleaseLease": lambda p, rid: end_lease(p),
-    "environmentDestroyLease": lambda p, rid: end_lease(p),
+    "environmentReleaseLease": lambda p, rid: release_lease(p),
+    "environmentDestroyLease": lambda p, rid: destroy_lease(p),
     "environmentExecute": execute,
     "environmentSyncIn": lambda p, rid: sync(p, "in"),
     "environmentSyncOut": lambda p, rid: sync(p, "out"),

@@ -210,7 +210,7 @@ async fn python_reference_worker_serves_the_lease_exec_and_sync_lifecycle() {
         0o640
     );
 
-    // release, then resume reports the lease gone
+    // release keeps the lease for a resume; destroy, then resume reports it gone
     let end = LeaseEndParams {
         scope: scope(),
         provider_lease_id: lease_id.clone(),
@@ -220,9 +220,15 @@ async fn python_reference_worker_serves_the_lease_exec_and_sync_lifecycle() {
     w.call::<methods::ReleaseLease>(&end).await.0.unwrap();
     let resume = ResumeLeaseParams {
         scope: scope(),
-        provider_lease_id: lease_id,
+        provider_lease_id: lease_id.clone(),
         lease_metadata: None,
     };
+    let resumed = w.call::<methods::ResumeLease>(&resume).await.0.unwrap();
+    assert_eq!(
+        resumed.provider_lease_id.as_deref(),
+        Some(lease_id.as_str())
+    );
+    w.call::<methods::DestroyLease>(&end).await.0.unwrap();
     let gone = w.call::<methods::ResumeLease>(&resume).await.0.unwrap();
     assert_eq!(gone, Lease::gone(LeaseGoneReason::NotFound));
 
