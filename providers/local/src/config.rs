@@ -118,6 +118,11 @@ pub struct ExecResult {
     /// The pids limit refused at least one fork during this command.
     pub pids_limited: bool,
     pub duration: Duration,
+    /// Session exec only: a new session shell was started for this command
+    /// (first use, or the previous one ended: cwd and exports were reset).
+    pub session_started: bool,
+    /// Session exec only: the session shell ended during this command.
+    pub session_ended: bool,
 }
 
 /// What the init reports about its sandbox.

@@ -19,6 +19,7 @@ mod probe;
 mod proto;
 mod sandbox;
 mod seccomp;
+pub mod worker;
 // The only module with `unsafe` (it carries `#![allow(unsafe_code)]`).
 mod sys;
 
@@ -27,3 +28,7 @@ pub use duplex::{ChannelEvent, ChannelExit, PtyChannel, PtyRequest, TcpChannel};
 pub use error::LocalError;
 pub use probe::{probe, Diagnostic, Severity};
 pub use sandbox::LocalSandbox;
+
+/// The built-in plugin manifest of this provider (`plugin.json`): the host
+/// runs `./sandhost-provider-local` with the directory holding it as cwd.
+pub const PLUGIN_JSON: &str = include_str!("../plugin.json");

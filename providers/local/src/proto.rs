@@ -21,6 +21,12 @@ pub const STDERR: u8 = b'E';
 pub const RESULT: u8 = b'R';
 pub const FAIL: u8 = b'F';
 pub const OK: u8 = b'A';
+/// Like [`EXEC`], but run in the sandbox's persistent session shell (see
+/// `init::server::session`); an empty `cwd` keeps the session's directory.
+pub const SESSION_EXEC: u8 = b'Y';
+/// A chunk of stdin for this connection's running exec, when its spec set
+/// `stdin_stream`; an empty chunk is the end of input.
+pub const STDIN: u8 = b'I';
 
 // Duplex channels. A connection that sends `PTY_OPEN` or `TCP_OPEN` becomes
 // that channel's own: the init answers `OK` with [`ChanOpened`] (or `FAIL`),
@@ -53,6 +59,9 @@ pub struct ExecSpec {
     pub timeout_ms: Option<u64>,
     pub grace_ms: u64,
     pub max_output: u64,
+    /// More stdin follows in [`STDIN`] frames (the exec frame's stdin is the start).
+    #[serde(default)]
+    pub stdin_stream: bool,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -63,6 +72,14 @@ pub struct ExecDone {
     pub stdout_dropped: u64,
     pub stderr_dropped: u64,
     pub duration_us: u64,
+    /// Session exec only: this command started a new session shell (first use,
+    /// or the previous shell ended: cwd and exported variables were reset).
+    #[serde(default)]
+    pub session_started: bool,
+    /// Session exec only: the session shell ended during this command (it
+    /// exited, or was killed after a timeout); the next command starts a new one.
+    #[serde(default)]
+    pub session_ended: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -208,6 +225,7 @@ mod tests {
             timeout_ms: None,
             grace_ms: 1,
             max_output: 2,
+            stdin_stream: false,
         };
         let (s, stdin) = decode_exec(&encode_exec(&spec, b"in")).unwrap();
         assert_eq!(s.argv, spec.argv);

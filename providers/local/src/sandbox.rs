@@ -214,6 +214,30 @@ impl LocalSandbox {
         Ok(sb)
     }
 
+    /// Load a sandbox's recorded state without talking to its init, for
+    /// [`LocalSandbox::destroy`] of one whose init is gone or does not answer
+    /// (destroy kills the recorded init only when its start time still
+    /// matches). Not for running commands: that needs [`LocalSandbox::open`].
+    pub fn open_stale(state_root: &Path, id: &str) -> Result<LocalSandbox, LocalError> {
+        if !valid_id(id) {
+            return Err(LocalError::InvalidConfig(format!(
+                "invalid sandbox id {id:?}"
+            )));
+        }
+        let state_dir = state_root.join(id);
+        let bytes = fs::read(state_dir.join(STATE_FILE))
+            .map_err(|_| LocalError::NotFound(id.to_string()))?;
+        let state: State = serde_json::from_slice(&bytes)
+            .map_err(|e| LocalError::Protocol(format!("corrupt state file: {e}")))?;
+        if state.id != id {
+            return Err(LocalError::IdentityMismatch(format!(
+                "state file names {}",
+                state.id
+            )));
+        }
+        Ok(LocalSandbox { state_dir, state })
+    }
+
     pub fn id(&self) -> &str {
         &self.state.id
     }
@@ -281,6 +305,44 @@ impl LocalSandbox {
     pub fn exec(
         &self,
         req: &ExecRequest,
+        on_chunk: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, LocalError> {
+        self.run(proto::EXEC, req, None, on_chunk)
+    }
+
+    /// Run one command whose stdin is produced while it runs: `feed` writes
+    /// it (from another thread) and its end is the end of input. For inputs
+    /// larger than a frame, e.g. a tar stream; `req.stdin` is sent first.
+    /// When the command ends before reading everything, `feed`'s writes fail.
+    pub fn exec_streaming(
+        &self,
+        req: &ExecRequest,
+        feed: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send,
+        on_chunk: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, LocalError> {
+        self.run(proto::EXEC, req, Some(Box::new(feed)), on_chunk)
+    }
+
+    /// Run one command in the sandbox's persistent session shell: its
+    /// working directory and exported variables persist across calls, from
+    /// any process. `req.cwd`, when set, is `cd`'d to first (and stays);
+    /// `req.env` applies to this command only. Commands queue: one at a time.
+    /// [`ExecResult::session_started`] / [`ExecResult::session_ended`] say when
+    /// the shell was (re)started or lost.
+    pub fn session_exec(
+        &self,
+        req: &ExecRequest,
+        on_chunk: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, LocalError> {
+        self.run(proto::SESSION_EXEC, req, None, on_chunk)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run(
+        &self,
+        kind: u8,
+        req: &ExecRequest,
+        feed: Option<Box<dyn FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + '_>>,
         mut on_chunk: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecResult, LocalError> {
         if req.argv.is_empty() || req.argv[0].is_empty() {
@@ -289,8 +351,13 @@ impl LocalSandbox {
         if req.argv.iter().any(|a| a.contains('\0')) {
             return Err(LocalError::InvalidRequest("NUL byte in argv".into()));
         }
-        let cwd = req.cwd.clone().unwrap_or_else(|| "/workspace".into());
-        if !cwd.starts_with('/') {
+        let cwd = match (&req.cwd, kind) {
+            (Some(c), _) => c.clone(),
+            // the session keeps its own directory
+            (None, proto::SESSION_EXEC) => String::new(),
+            (None, _) => "/workspace".into(),
+        };
+        if !cwd.is_empty() && !cwd.starts_with('/') {
             return Err(LocalError::InvalidRequest(format!(
                 "cwd must be absolute: {cwd:?}"
             )));
@@ -302,16 +369,54 @@ impl LocalSandbox {
             timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
             grace_ms: req.kill_grace.as_millis() as u64,
             max_output: req.max_output_bytes,
+            stdin_stream: feed.is_some(),
         };
         let cg = &self.state.cgroup;
         let (oom_before, pids_before) = (cg.oom_kills(), cg.pids_limited());
         let mut s = self.connect()?;
         let gone = |_| LocalError::Gone(self.state.id.clone());
-        proto::write_frame(&mut s, proto::EXEC, &proto::encode_exec(&spec, &req.stdin))
-            .map_err(gone)?;
+        proto::write_frame(&mut s, kind, &proto::encode_exec(&spec, &req.stdin)).map_err(gone)?;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let writer = match feed {
+                Some(feed) => {
+                    let w = s.try_clone().ctx(|| "clone control socket".into())?;
+                    let stop = &stop;
+                    Some(scope.spawn(move || {
+                        let mut fw = StdinFrames { s: w, stop };
+                        let r = feed(&mut fw);
+                        // end of input, also after a failed feed: the command
+                        // must not wait forever
+                        let _ = proto::write_frame(&mut fw.s, proto::STDIN, &[]);
+                        r
+                    }))
+                }
+                None => None,
+            };
+            let res = self.read_result(&mut s, &mut on_chunk);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let fed = writer.map(|w| w.join());
+            let mut res = res?;
+            if let Some(Ok(Err(e))) = fed {
+                if !res.timed_out && res.exit_code == Some(0) {
+                    return Err(LocalError::io("feed stdin", e));
+                }
+            }
+            res.oom_killed = res.signal == Some(sys::SIGKILL) && cg.oom_kills() > oom_before;
+            res.pids_limited = cg.pids_limited() > pids_before;
+            Ok(res)
+        })
+    }
+
+    fn read_result(
+        &self,
+        s: &mut UnixStream,
+        on_chunk: &mut impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, LocalError> {
+        let gone = |_| LocalError::Gone(self.state.id.clone());
         let mut res = ExecResult::default();
         loop {
-            let (kind, payload) = proto::read_frame(&mut s).map_err(gone)?;
+            let (kind, payload) = proto::read_frame(s).map_err(gone)?;
             match kind {
                 proto::STDOUT => {
                     on_chunk(Stream::Stdout, &payload);
@@ -332,15 +437,14 @@ impl LocalSandbox {
                     res.stdout_truncated = d.stdout_dropped > 0;
                     res.stderr_truncated = d.stderr_dropped > 0;
                     res.duration = Duration::from_micros(d.duration_us);
-                    break;
+                    res.session_started = d.session_started;
+                    res.session_ended = d.session_ended;
+                    return Ok(res);
                 }
                 proto::FAIL => return Err(fail_to_error(&payload)),
                 k => return Err(LocalError::Protocol(format!("unexpected frame {k}"))),
             }
         }
-        res.oom_killed = res.signal == Some(sys::SIGKILL) && cg.oom_kills() > oom_before;
-        res.pids_limited = cg.pids_limited() > pids_before;
-        Ok(res)
     }
 
     /// Run `req.argv` on a fresh pty inside the sandbox, in a new session
@@ -424,6 +528,33 @@ impl LocalSandbox {
         if !removed {
             return Err(LocalError::Cgroup("cgroup still busy after kill".into()));
         }
+        Ok(())
+    }
+}
+
+/// Writes stdin as `STDIN` frames; fails once the command has ended.
+struct StdinFrames<'a> {
+    s: UnixStream,
+    stop: &'a std::sync::atomic::AtomicBool,
+}
+
+impl Write for StdinFrames<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the command has ended",
+            ));
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = buf.len().min(256 << 10);
+        proto::write_frame(&mut self.s, proto::STDIN, &buf[..n])?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }

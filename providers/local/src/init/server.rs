@@ -15,6 +15,8 @@ use super::InitConfig;
 use crate::proto::{self, ExecDone, ExecSpec, Fail, Hello, Status};
 use crate::sys::{self, ChildStatus};
 
+mod session;
+
 pub(super) const DEFAULT_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long output pipes may stay open after the command exited (a background
@@ -34,6 +36,8 @@ struct Exec {
     pid: i32,
     out: [Option<File>; 2],
     stdin: Option<(File, Vec<u8>, usize)>,
+    /// More stdin is coming in `STDIN` frames (keep the pipe open when drained).
+    stdin_more: bool,
     deadline: Option<Instant>,
     grace: Duration,
     kill_at: Option<Instant>,
@@ -53,6 +57,8 @@ enum Tag {
     Conn(usize),
     Out(usize, usize),
     In(usize),
+    /// The session shell: 0 stdout, 1 stderr, 2 stdin.
+    Session(usize),
     /// A duplex channel's host connection or far end (pty master, socket).
     Duplex(duplex::Slot),
 }
@@ -63,6 +69,7 @@ pub(super) struct Server {
     sigfd: File,
     conns: Vec<Option<Conn>>,
     execs: Vec<Exec>,
+    session: session::Session,
     duplex: Duplex,
     started: Instant,
 }
@@ -80,6 +87,7 @@ impl Server {
             sigfd: File::from(sigfd),
             conns: vec![],
             execs: vec![],
+            session: session::Session::default(),
             duplex: Duplex::default(),
             started: Instant::now(),
         }
@@ -90,6 +98,8 @@ impl Server {
             let now = Instant::now();
             self.timers(now);
             self.finish_done(now);
+            self.session_timers(now);
+            self.session_progress(now);
             self.duplex.tick(now);
             let mut fds = vec![];
             let mut tags = vec![];
@@ -104,7 +114,9 @@ impl Server {
             add(self.listener.as_raw_fd(), sys::POLLIN, Tag::Listener);
             add(self.sigfd.as_raw_fd(), sys::POLLIN, Tag::Signal);
             for (i, c) in self.conns.iter().enumerate() {
-                if let Some(c) = c {
+                // A client streaming stdin faster than its command reads it
+                // waits (backpressure) instead of growing our buffer.
+                if let Some(c) = c.as_ref().filter(|_| !self.stdin_backlogged(i)) {
                     add(c.stream.as_raw_fd(), sys::POLLIN, Tag::Conn(i));
                 }
             }
@@ -114,10 +126,13 @@ impl Server {
                         add(f.as_raw_fd(), sys::POLLIN, Tag::Out(i, s));
                     }
                 }
-                if let Some((f, _, _)) = &e.stdin {
-                    add(f.as_raw_fd(), sys::POLLOUT, Tag::In(i));
+                if let Some((f, data, off)) = &e.stdin {
+                    if *off < data.len() {
+                        add(f.as_raw_fd(), sys::POLLOUT, Tag::In(i));
+                    }
                 }
             }
+            self.session.add_fds(&mut add);
             self.duplex
                 .add_fds(&mut |fd, ev, slot| add(fd, ev, Tag::Duplex(slot)));
             let timeout = self.next_timer().map_or(-1, |t| {
@@ -137,6 +152,7 @@ impl Server {
                     Tag::Conn(i) => self.conn_readable(i),
                     Tag::Out(i, s) => self.out_readable(i, s),
                     Tag::In(i) => self.stdin_writable(i),
+                    Tag::Session(k) => self.session_io(k),
                     Tag::Duplex(s) => self.duplex.ready(s, pfd.revents),
                 }
             }
@@ -161,6 +177,7 @@ impl Server {
                 [deadline, e.kill_at.filter(|_| e.status.is_none()), linger]
             })
             .flatten()
+            .chain(self.session.next_timer())
             .chain(self.duplex.next_timer())
             .min()
     }
@@ -222,6 +239,7 @@ impl Server {
                     stdout_dropped: e.dropped[0],
                     stderr_dropped: e.dropped[1],
                     duration_us: e.started.elapsed().as_micros() as u64,
+                    ..ExecDone::default()
                 };
                 self.send_json(e.conn, proto::RESULT, &done);
                 if let Some(Some(c)) = self.conns.get_mut(e.conn) {
@@ -271,6 +289,7 @@ impl Server {
                 e.status = Some(st);
                 e.exited_at = Some(Instant::now());
             }
+            self.session.reaped(pid, st);
             self.duplex.reaped(pid, st);
         }
     }
@@ -299,6 +318,7 @@ impl Server {
                     kill_group(e.pid, sys::SIGKILL);
                 }
             }
+            self.session_conn_closed(i);
             return;
         }
         loop {
@@ -351,6 +371,20 @@ impl Server {
                     Err((code, msg)) => self.fail(conn, code, msg),
                 }
             }
+            proto::SESSION_EXEC => {
+                if self.conns[conn].as_ref().is_some_and(|c| c.busy) {
+                    return self.fail(
+                        conn,
+                        "busy",
+                        "an exec is already running on this connection".into(),
+                    );
+                }
+                match proto::decode_exec(payload) {
+                    Ok((spec, stdin)) => self.session_request(conn, spec, stdin),
+                    Err(e) => self.fail(conn, "invalid", e),
+                }
+            }
+            proto::STDIN => self.stdin_chunk(conn, payload),
             proto::PTY_OPEN | proto::TCP_OPEN => {
                 if self.conns[conn].as_ref().is_some_and(|c| c.busy) {
                     return self.fail(
@@ -386,6 +420,42 @@ impl Server {
                 self.send_json(conn, proto::STATUS, &st);
             }
             _ => self.fail(conn, "invalid", format!("unknown frame kind {kind}")),
+        }
+    }
+
+    /// Pending stdin beyond which a streaming client is not read from.
+    const STDIN_BACKLOG: usize = 4 << 20;
+
+    fn stdin_backlogged(&self, conn: usize) -> bool {
+        self.execs.iter().any(|e| {
+            e.conn == conn
+                && e.stdin
+                    .as_ref()
+                    .is_some_and(|(_, d, off)| d.len() - off > Self::STDIN_BACKLOG)
+        })
+    }
+
+    /// A `STDIN` frame: more input for the streaming exec of `conn` (late
+    /// chunks for a command that stopped reading are dropped).
+    fn stdin_chunk(&mut self, conn: usize, payload: &[u8]) {
+        let Some(e) = self
+            .execs
+            .iter_mut()
+            .find(|e| e.conn == conn && e.stdin_more)
+        else {
+            return;
+        };
+        if payload.is_empty() {
+            e.stdin_more = false;
+            if e.stdin.as_ref().is_some_and(|(_, d, off)| *off >= d.len()) {
+                e.stdin = None;
+            }
+            return;
+        }
+        if let Some((_, d, off)) = e.stdin.as_mut() {
+            d.drain(..*off);
+            *off = 0;
+            d.extend_from_slice(payload);
         }
     }
 
@@ -425,7 +495,7 @@ impl Server {
         match f.write(&data[*off..]) {
             Ok(n) => {
                 *off += n;
-                if *off >= data.len() {
+                if *off >= data.len() && !e.stdin_more {
                     e.stdin = None;
                 }
             }
@@ -521,7 +591,7 @@ impl Server {
                 format!("cannot start {} in {}: {err}", prog.display(), spec.cwd),
             ));
         }
-        let stdin = if stdin.is_empty() {
+        let stdin = if stdin.is_empty() && !spec.stdin_stream {
             None
         } else {
             let _ = sys::set_nonblocking(in_w.as_fd(), true);
@@ -533,6 +603,7 @@ impl Server {
             pid,
             out: [Some(File::from(out_r)), Some(File::from(err_r))],
             stdin,
+            stdin_more: spec.stdin_stream,
             deadline: spec.timeout_ms.map(|t| now + Duration::from_millis(t)),
             grace: Duration::from_millis(spec.grace_ms),
             kill_at: None,
