@@ -325,7 +325,8 @@ impl LocalSandbox {
 
     /// Run one command in the sandbox's persistent session shell: its
     /// working directory and exported variables persist across calls, from
-    /// any process. `req.cwd`, when set, is `cd`'d to first (and stays);
+    /// any process. `req.cwd`, when set, holds for this command only (the shell
+    /// returns afterwards unless the command itself changed directory);
     /// `req.env` applies to this command only. Commands queue: one at a time.
     /// [`ExecResult::session_started`] / [`ExecResult::session_ended`] say when
     /// the shell was (re)started or lost.

@@ -473,9 +473,17 @@ fn exec_request(params: &ExecuteParams, cfg: &LocalConfig, session: bool) -> Exe
     argv.extend(params.args.clone().unwrap_or_default());
     let mut req = ExecRequest::new(argv);
     // a session keeps its own directory unless asked
+    // a relative cwd is relative to the lease root, /workspace
     req.cwd = params
         .cwd
         .clone()
+        .map(|c| {
+            if c.starts_with('/') {
+                c
+            } else {
+                format!("/workspace/{c}")
+            }
+        })
         .or_else(|| (!session).then(|| cfg.workdir.clone()).flatten());
     req.env = cfg.env.clone();
     for (k, v) in params.env.clone().unwrap_or_default() {

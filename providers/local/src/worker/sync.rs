@@ -45,8 +45,16 @@ fn sq(s: &str) -> String {
 
 /// A sandbox path a sync may touch: absolute, normal components only,
 /// strictly below /workspace or /tmp.
-pub fn confined(path: &str) -> Result<String, WorkerError> {
-    let bad = || WorkerError::PathNotAllowed(path.to_string());
+/// A relative path is relative to the lease root, `/workspace`.
+pub fn confined(given: &str) -> Result<String, WorkerError> {
+    let bad = || WorkerError::PathNotAllowed(given.to_string());
+    let joined;
+    let path = if given.starts_with('/') || given.is_empty() {
+        given
+    } else {
+        joined = format!("/workspace/{given}");
+        &joined
+    };
     if path.contains('\0') || !path.starts_with('/') || path.len() > 4096 {
         return Err(bad());
     }
@@ -460,13 +468,16 @@ mod tests {
     fn sandbox_paths_are_confined_to_workspace_and_tmp() {
         assert_eq!(confined("/workspace/a/b").unwrap(), "/workspace/a/b");
         assert_eq!(confined("/tmp/x/").unwrap(), "/tmp/x");
+        assert_eq!(confined("rel/f").unwrap(), "/workspace/rel/f");
         for bad in [
             "/etc/passwd",
             "/workspace",
             "/tmp",
             "/workspace/../etc",
             "/workspace/./a",
-            "workspace/a",
+            "",
+            "../x",
+            "a/../../x",
             "/workspace/a\0b",
             "/workspacex/a",
         ] {

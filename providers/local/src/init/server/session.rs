@@ -10,7 +10,8 @@
 //! ```text
 //! printf '%s\n' 'T:b'; printf '%s\n' 'T:b' >&2
 //! <save and export the request's env>
-//! [command cd -- CWD &&] command eval 'BODY' < STDIN_FILE_OR_/dev/null
+//! [if command cd -- CWD; then] command eval 'BODY' < STDIN_FILE_OR_/dev/null
+//! (with a cwd: back to the previous directory after, unless BODY moved)
 //! __sandhost_rc=$?
 //! <restore env>
 //! printf '\n%s %d\n' 'T:e' "$__sandhost_rc"; printf '\n%s\n' 'T:e' >&2
@@ -212,18 +213,24 @@ fn wrap(spec: &ExecSpec, t: &str, stdin_src: &str) -> Result<String, String> {
             "if [ -n \"$__sandhost_s{i}\" ]; then {k}=$__sandhost_v{i}; else unset {k}; fi; unset __sandhost_s{i} __sandhost_v{i}\n"
         ));
     }
-    let cd = if spec.cwd.is_empty() {
-        String::new()
+    let run = format!("command eval {} < {}", sq(&body), sq(stdin_src));
+    // An explicit cwd holds for this command only: the shell goes back
+    // afterwards unless the command itself changed directory.
+    let run = if spec.cwd.is_empty() {
+        format!("{run}\n__sandhost_rc=$?\n")
     } else {
-        format!("command cd -- {} && ", sq(&spec.cwd))
+        format!(
+            "__sandhost_old=$PWD\n\
+             if command cd -- {cwd}; then __sandhost_new=$PWD; {run}\n\
+             __sandhost_rc=$?; if [ \"$PWD\" = \"$__sandhost_new\" ]; then command cd -- \"$__sandhost_old\"; fi\n\
+             else __sandhost_rc=$?; fi\nunset __sandhost_old __sandhost_new\n",
+            cwd = sq(&spec.cwd)
+        )
     };
     Ok(format!(
         "printf '%s\\n' '{t}:b'; printf '%s\\n' '{t}:b' >&2\n\
-         {save}{cd}command eval {body} < {src}\n\
-         __sandhost_rc=$?\n\
+         {save}{run}\
          {restore}printf '\\n%s %d\\n' '{t}:e' \"$__sandhost_rc\"; printf '\\n%s\\n' '{t}:e' >&2\n",
-        body = sq(&body),
-        src = sq(stdin_src),
     ))
 }
 
@@ -660,7 +667,9 @@ mod tests {
         );
         let w = wrap(&spec(&["echo", "it's"], "/w d", &[]), "T", "/dev/null").unwrap();
         assert!(
-            w.contains("command cd -- '/w d' && command eval ''\\''echo'\\'' "),
+            w.contains(
+                "if command cd -- '/w d'; then __sandhost_new=$PWD; command eval ''\\''echo'\\'' "
+            ),
             "{w}"
         );
         assert!(wrap(&spec(&["true"], "", &[("A-B", "1")]), "T", "x").is_err());
