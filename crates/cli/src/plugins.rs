@@ -23,7 +23,18 @@ fn worker_failure(e: WorkerError) -> Failure {
     }
 }
 
+/// A plugin directory (or its plugin.json), or the driver key of a
+/// built-in provider.
 fn load(dir: &Path) -> Result<Plugin, Failure> {
+    if !dir.exists() {
+        let key = dir.to_string_lossy();
+        if let Some(p) = crate::builtins::builtin_plugins()
+            .into_iter()
+            .find(|p| p.manifest.driver(&key).is_some())
+        {
+            return Ok(p);
+        }
+    }
     let dir = if dir.is_file() {
         dir.parent().unwrap_or(Path::new("."))
     } else {

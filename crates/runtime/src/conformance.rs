@@ -1624,7 +1624,11 @@ impl Checker<'_> {
             ));
         }
         for (target, host_path, lease_path) in &cases {
-            let via_symlink = target.contains("/link/");
+            // Accepting an absolute target is no escape by itself: a provider
+            // whose lease has its own filesystem (a real sandbox) reads it as
+            // a path inside the sandbox. The escape is a write on the host,
+            // checked below either way.
+            let via_symlink = target.contains("/link/") || target.starts_with('/');
             let r = self
                 .sync_in(
                     lease,
@@ -1637,7 +1641,7 @@ impl Checker<'_> {
                     problems.push(format!("environmentSyncIn accepted targetPath `{target}`"))
                 }
                 Ok(_) => notes.add(format!(
-                    "environmentSyncIn accepted `{target}` (through a symlink)"
+                    "environmentSyncIn accepted `{target}` (inside the lease's own filesystem)"
                 )),
                 Err(e) if e.is_refusal() => {}
                 Err(e) => return Err(format!("environmentSyncIn of targetPath `{target}`: {e}")),

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use sandhost_contract::manifest::{parse_manifest, DriverDeclaration, PluginManifest};
-use sandhost_contract::ContractError;
+use sandhost_contract::{ContractError, Declared, ProviderCapability};
 
 use crate::worker::WorkerSpec;
 
@@ -55,6 +55,22 @@ impl Plugin {
             manifest,
             source,
         })
+    }
+
+    /// This plugin with `cap` declared `false` for `driver_key` (and a
+    /// distinct id), so that every run through it takes the capability's
+    /// fallback path: how tests and benchmarks compare a path with its
+    /// fallback on the same worker.
+    pub fn narrowed(&self, driver_key: &str, cap: ProviderCapability) -> Plugin {
+        let mut p = self.clone();
+        p.manifest.id = format!("{}+no-{}", self.manifest.id, cap.as_str());
+        for d in &mut p.manifest.environment_drivers {
+            if d.driver_key == driver_key {
+                d.declared.set(cap, Declared::False);
+                d.capabilities_object_present = true;
+            }
+        }
+        p
     }
 
     /// How to start this plugin's worker.

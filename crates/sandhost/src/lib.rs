@@ -46,6 +46,31 @@ pub use files::{EntryKind, FileEntry, Files};
 pub use ports::{PortForward, Ports};
 pub use terminal::{Terminal, TerminalEvent, TerminalOptions, Terminals};
 
+/// The built-in providers: ordinary plugin workers shipped beside the
+/// application, whose manifests are compiled in. `dir` is the directory
+/// holding their worker binaries (for the CLI: the directory of `sandhost`
+/// itself). A missing binary shows up as a worker that cannot start (E4101),
+/// never as a silently missing provider.
+pub fn builtin_plugins(dir: &std::path::Path) -> Vec<Plugin> {
+    use sandhost_runtime::plugins::PluginSource;
+    [sandhost_provider_local::PLUGIN_JSON]
+        .into_iter()
+        .filter_map(
+            |json| match sandhost_contract::manifest::parse_manifest(json) {
+                Ok(manifest) => Some(Plugin {
+                    dir: dir.to_path_buf(),
+                    manifest,
+                    source: PluginSource::Builtin,
+                }),
+                Err(e) => {
+                    tracing::error!("a built-in manifest is invalid: {e}");
+                    None
+                }
+            },
+        )
+        .collect()
+}
+
 /// Where a host keeps state and finds plugins.
 #[derive(Debug, Clone)]
 pub struct HostOptions {
