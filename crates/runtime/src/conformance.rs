@@ -1730,11 +1730,6 @@ impl Checker<'_> {
             return Err("duplexChannel methods are advertised without duplexChannelOpen".into());
         }
         let lease = self.ensure_lease(notes).await?;
-        let mut rx = self
-            .worker
-            .as_ref()
-            .ok_or("the worker is not running")?
-            .subscribe_notifications();
         let open = |lease: &Lease| DuplexOpenParams {
             scope: self.scope.clone(),
             lease: lease.clone(),
@@ -1752,6 +1747,12 @@ impl Checker<'_> {
             .await
             .map_err(|e| format!("duplexChannelOpen of a pty running `cat` failed: {e}"))?
             .channel_id;
+        // the client holds what the channel sent before this subscription
+        let mut rx = self
+            .worker
+            .as_ref()
+            .ok_or("the worker is not running")?
+            .subscribe_channel(&ch);
         let deadline = Duration::from_secs(10);
         if self.advertises(Method::DuplexChannelWrite) {
             let ping = format!("ping-{}\n", self.nonce);

@@ -265,7 +265,7 @@ async fn poll(
         }
     };
     // drain what was written after the last tick, then clean up
-    poll_once(ctx, &out, &err, &mut off_out, &mut off_err, sink).await?;
+    while poll_once(ctx, &out, &err, &mut off_out, &mut off_err, sink).await? > 0 {}
     let _ = ctx.sh(&format!("rm -rf {}", shell_quote(&dir)), None).await;
     Ok(ExecuteResult {
         stdout: String::new(),
@@ -281,10 +281,10 @@ async fn poll_once(
     off_out: &mut usize,
     off_err: &mut usize,
     sink: &mut dyn OutputSink,
-) -> Result<(), ExecError> {
+) -> Result<usize, ExecError> {
     // base64 keeps the two streams apart and binary-safe through JSON
     let script = format!(
-        "tail -c +{} {} | base64; echo .; tail -c +{} {} | base64",
+        "tail -c +{} {} | head -c {POLL_READ} | base64; echo .; tail -c +{} {} | head -c {POLL_READ} | base64",
         *off_out + 1,
         shell_quote(out),
         *off_err + 1,
@@ -306,7 +306,7 @@ async fn poll_once(
                 detail: e.to_string(),
             })
     };
-    let (o, e) = (decode(a)?, decode(b)?);
+    let (o, e) = (complete_utf8(decode(a)?), complete_utf8(decode(b)?));
     *off_out += o.len();
     *off_err += e.len();
     deliver(
@@ -314,5 +314,20 @@ async fn poll_once(
         &String::from_utf8_lossy(&o),
         &String::from_utf8_lossy(&e),
     );
-    Ok(())
+    Ok(o.len() + e.len())
 }
+
+/// Drop a multi-byte character cut at the end of a read: the next poll reads
+/// it whole (the offset only advances past what is returned).
+fn complete_utf8(mut bytes: Vec<u8>) -> Vec<u8> {
+    if let Err(e) = std::str::from_utf8(&bytes) {
+        if e.error_len().is_none() {
+            bytes.truncate(e.valid_up_to());
+        }
+    }
+    bytes
+}
+
+/// The most one poll reads of each stream: its base64 answer stays well
+/// under any provider's output cap (the local provider keeps 1 MiB).
+const POLL_READ: usize = 256 * 1024;

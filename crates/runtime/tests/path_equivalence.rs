@@ -193,6 +193,26 @@ async fn control_commands_poll_or_run_once_with_the_same_result(p: Provider) {
     assert_eq!(off.2, 2, "{}: once = one delivery per stream", p.name);
 }
 
+async fn a_large_multibyte_flood_polls_in_bounded_reads_with_the_same_result(p: Provider) {
+    // 300,000 three-byte characters (900 kB) and 300,000 two-byte ones, several bounded poll
+    // reads, with characters cut at read boundaries
+    let flood = "python3 -c \"import sys; sys.stdout.write('\\u20ac' * 300000); sys.stderr.write('\\u00fc' * 300000)\"";
+    let base = narrowed(&p, Cap::IncrementalSessionOutput);
+    let (on, off) = both(&base, Cap::IndependentControlCommands, |h, p| async move {
+        let s = create(&h, &p, LeasePolicy::Ephemeral).await;
+        let r = run(&s, flood).await;
+        h.destroy(&s).await.unwrap();
+        r
+    })
+    .await;
+    assert_eq!(on.1.output_path, OutputPath::Poll);
+    assert_eq!(on.0.stdout.chars().count(), 300_000, "{}", p.name);
+    assert!(on.0.stdout.chars().all(|c| c == '\u{20ac}'));
+    assert_eq!(on.0.stderr.chars().count(), 300_000);
+    // under the provider's 1 MiB capture cap, so run-once keeps it all
+    assert!(on.0 == off.0, "{}: poll and once disagree", p.name);
+}
+
 fn sample_tree(root: &Path) {
     std::fs::create_dir_all(root.join("a/b")).unwrap();
     std::fs::create_dir_all(root.join("empty")).unwrap();
@@ -315,6 +335,11 @@ async fn local_persistent_sessions_and_one_shot_agree() {
 #[tokio::test]
 async fn local_control_commands_poll_and_run_once_agree() {
     control_commands_poll_or_run_once_with_the_same_result(local()).await;
+}
+
+#[tokio::test]
+async fn local_poll_path_delivers_a_large_multibyte_flood_intact() {
+    a_large_multibyte_flood_polls_in_bounded_reads_with_the_same_result(local()).await;
 }
 
 #[tokio::test]

@@ -48,20 +48,8 @@ async fn conformance_suite_passes() {
     };
     let report = check_plugin(&plugin(), &opts).await;
     println!("{}", report.render());
-    // Known runtime bug (not this provider): since e455922 the runtime worker
-    // routes channel-tagged notifications to per-channel subscribers, but the
-    // suite's duplex scenario listens with `subscribe_notifications`, so it
-    // never sees `duplexChannel.data` from any provider. Tolerated here only
-    // with exactly that symptom; `duplex_pty_and_tcp` checks the behaviour.
-    let known = |s: &sandhost_runtime::conformance::ScenarioOutcome| {
-        s.name == "duplex channels"
-            && s.status
-                .reason()
-                .is_some_and(|r| r.contains("no duplexChannel.data carried it back"))
-    };
-    let failed: Vec<_> = report.failed_scenarios().filter(|s| !known(s)).collect();
     assert!(
-        failed.is_empty() && report.lying_methods.is_empty(),
+        report.passed() && report.lying_methods.is_empty(),
         "plugin check failed:\n{}",
         report.render()
     );
