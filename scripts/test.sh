@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: set-up, format check, clippy with
-# warnings denied, every test target, then a short run of every fuzz target.
+# The whole test suite, as CI runs it: set-up (packages, a started dockerd
+# and its test image), format check, clippy with warnings denied, every test
+# target (the local provider's need root, the Docker provider's the engine),
+# then a short run of every fuzz target.
 # Usage: scripts/test.sh            (SANDHOST_FUZZ_SECONDS=N to change the fuzz budget; 0 skips running them but still builds them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+echo "== docker engine and test image (the Docker provider's tests use them)"
+scripts/docker.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
