@@ -16,11 +16,71 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
+/// A `/proc` field in KiB (`MemAvailable:` of meminfo, `Pss:` of smaps_rollup).
+fn kib_field(file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `local-bench idle N`: create N sandboxes and keep them idle; report the
+/// time to create them all and the host memory each costs, as the drop of
+/// MemAvailable (kernel objects, tmpfs and page tables included) and as the
+/// init's proportional set size.
+fn idle(n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::env::temp_dir().join(format!("sandhost-bench-idle-{}", std::process::id()));
+    let cfg = SandboxConfig::new(&root);
+    LocalSandbox::create(&cfg)?.destroy()?; // warm-up
+    let before = kib_field("/proc/meminfo", "MemAvailable:");
+    let start = Instant::now();
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
+        all.push(LocalSandbox::create(&cfg)?);
+    }
+    let took = start.elapsed();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let after = kib_field("/proc/meminfo", "MemAvailable:");
+    let pss: u64 = all
+        .iter()
+        .map(|sb| kib_field(&format!("/proc/{}/smaps_rollup", sb.init_pid()), "Pss:"))
+        .sum();
+    // every sandbox still answers
+    let t = ExecRequest::new(["true"]);
+    for sb in all.iter().step_by((n / 10).max(1)) {
+        assert_eq!(sb.exec(&t, |_, _| {})?.exit_code, Some(0));
+    }
+    let d = Instant::now();
+    for sb in all {
+        sb.destroy()?;
+    }
+    let destroyed = d.elapsed();
+    let _ = std::fs::remove_dir(&root);
+    let per = before.saturating_sub(after) as f64 / n as f64 / 1024.0;
+    println!(
+        "{n} idle sandboxes: created in {:.2} s ({} each), destroyed in {:.2} s",
+        took.as_secs_f64(),
+        ms(took / n as u32),
+        destroyed.as_secs_f64()
+    );
+    println!("host memory per idle sandbox: {per:.2} MiB (MemAvailable drop; target <= 2 MiB)");
+    println!(
+        "init PSS per idle sandbox: {:.0} KiB",
+        pss as f64 / n as f64
+    );
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let runs: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(50);
+    let mut argv = std::env::args().skip(1);
+    let first = argv.next();
+    if first.as_deref() == Some("idle") {
+        let n = argv.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
+        return idle(n);
+    }
+    let runs: usize = first.and_then(|a| a.parse().ok()).unwrap_or(50);
     let root = std::env::temp_dir().join(format!("sandhost-bench-{}", std::process::id()));
     let cfg = SandboxConfig::new(&root);
     let t = ExecRequest::new(["true"]);
