@@ -1,6 +1,6 @@
 //! run / create / exec / ls / kill through the built binary, on a fresh home,
 //! against the examples/ Python plugin (real worker processes over pipes).
-//! The same commands run on the built-in local provider in `local_cli.rs`.
+//! The same commands run on the built-in providers in `builtin_providers.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -53,22 +53,27 @@ pub use terminal::{Terminal, TerminalEvent, TerminalOptions, Terminals};
 /// never as a silently missing provider.
 pub fn builtin_plugins(dir: &std::path::Path) -> Vec<Plugin> {
     use sandhost_runtime::plugins::PluginSource;
-    [sandhost_provider_local::PLUGIN_JSON]
-        .into_iter()
-        .filter_map(
-            |json| match sandhost_contract::manifest::parse_manifest(json) {
-                Ok(manifest) => Some(Plugin {
-                    dir: dir.to_path_buf(),
-                    manifest,
-                    source: PluginSource::Builtin,
-                }),
-                Err(e) => {
-                    tracing::error!("a built-in manifest is invalid: {e}");
-                    None
-                }
-            },
-        )
-        .collect()
+    [
+        sandhost_provider_local::PLUGIN_JSON,
+        // compiled in from the manifest file: the SDK needs the Docker
+        // provider's declaration, not its code
+        include_str!("../../../providers/docker/plugin.json"),
+    ]
+    .into_iter()
+    .filter_map(
+        |json| match sandhost_contract::manifest::parse_manifest(json) {
+            Ok(manifest) => Some(Plugin {
+                dir: dir.to_path_buf(),
+                manifest,
+                source: PluginSource::Builtin,
+            }),
+            Err(e) => {
+                tracing::error!("a built-in manifest is invalid: {e}");
+                None
+            }
+        },
+    )
+    .collect()
 }
 
 /// Where a host keeps state and finds plugins.
