@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sandhost_contract::command::missing_provider_methods;
 use sandhost_contract::gate::{gate, CapabilityNotSupportedError};
@@ -84,6 +84,12 @@ pub enum HostError {
     Expired(String),
     #[error("the provider returned no lease id for `{0}`")]
     NoLeaseId(String),
+    #[error("the worker of plugin `{plugin}` died {restarts} times in a row; last: {last}")]
+    WorkerKeepsDying {
+        plugin: String,
+        restarts: u32,
+        last: String,
+    },
     #[error(transparent)]
     Worker(#[from] WorkerError),
     #[error(transparent)]
@@ -103,6 +109,7 @@ impl HostError {
             Self::MissingMethod { .. } => "E5205",
             Self::Expired(_) => "E5206",
             Self::NoLeaseId(_) => "E5207",
+            Self::WorkerKeepsDying { .. } => "E5208",
         })
     }
 
@@ -165,12 +172,37 @@ impl Sandbox {
     }
 }
 
+/// One plugin's worker and its restart history.
+#[derive(Debug)]
+struct WorkerSlot {
+    worker: Option<Arc<Worker>>,
+    /// Restarts since the worker last lived long enough to count as healthy.
+    restarts: u32,
+    started: Instant,
+    checked: Instant,
+}
+
+/// The first restart waits this long; each next one twice as long.
+const RESTART_BACKOFF: Duration = Duration::from_millis(100);
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A worker that dies this many times in a row is given up on.
+const MAX_RESTARTS: u32 = 5;
+/// A worker that lived this long resets the restart count.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// The wait before restart number `n` (1-based).
+pub fn restart_backoff(n: u32) -> Duration {
+    RESTART_BACKOFF
+        .saturating_mul(1u32 << n.saturating_sub(1).min(16))
+        .min(RESTART_BACKOFF_MAX)
+}
+
 /// The host of one `sandhost` process.
 #[derive(Debug)]
 pub struct Host {
     cfg: HostConfig,
     store: Mutex<Store>,
-    workers: tokio::sync::Mutex<HashMap<String, Arc<Worker>>>,
+    workers: tokio::sync::Mutex<HashMap<String, WorkerSlot>>,
 }
 
 /// The provider config a template implies (keys a provider reads if it can).
@@ -277,16 +309,57 @@ impl Host {
     /// The worker of `plugin`, started on first use (and restarted when the
     /// one we had has died).
     pub async fn worker(&self, plugin: &Plugin) -> Result<Arc<Worker>> {
+        let opts = &self.cfg.worker_options;
         let mut workers = self.workers.lock().await;
-        if let Some(w) = workers.get(&plugin.manifest.id) {
+        let slot = workers
+            .entry(plugin.manifest.id.clone())
+            .or_insert_with(|| WorkerSlot {
+                worker: None,
+                restarts: 0,
+                started: Instant::now(),
+                checked: Instant::now(),
+            });
+        if let Some(w) = slot.worker.clone() {
             if w.dead_reason().is_none() {
-                return Ok(w.clone());
+                if slot.checked.elapsed() < opts.health_interval {
+                    return Ok(w);
+                }
+                // idle for a while: make sure it still answers before reuse
+                let health = w
+                    .call_with_timeout::<methods::Health>(&Default::default(), opts.health_timeout)
+                    .await;
+                if health.is_ok() {
+                    slot.checked = Instant::now();
+                    return Ok(w);
+                }
+                tracing::warn!(
+                    "worker of `{}` failed its health check; restarting it",
+                    plugin.manifest.id
+                );
+                w.kill();
             }
+            // it died (or was killed above): restart, with backoff
+            if slot.started.elapsed() >= HEALTHY_AFTER {
+                slot.restarts = 0;
+            }
+            slot.restarts += 1;
+            if slot.restarts > MAX_RESTARTS {
+                return Err(HostError::WorkerKeepsDying {
+                    plugin: plugin.manifest.id.clone(),
+                    restarts: MAX_RESTARTS,
+                    last: w
+                        .dead_reason()
+                        .map(|e| e.to_string())
+                        .unwrap_or_else(|| "unhealthy".into()),
+                });
+            }
+            tokio::time::sleep(restart_backoff(slot.restarts)).await;
         }
-        let w = Arc::new(
-            Worker::spawn(&self.worker_spec(plugin), self.cfg.worker_options.clone()).await?,
-        );
-        workers.insert(plugin.manifest.id.clone(), w.clone());
+        slot.worker = None;
+        let w = Arc::new(Worker::spawn(&self.worker_spec(plugin), opts.clone()).await?);
+        slot.worker = Some(w.clone());
+        slot.started = Instant::now();
+        slot.checked = Instant::now();
         Ok(w)
     }
 
@@ -776,7 +849,13 @@ impl Host {
 
     /// Shut every worker down gracefully.
     pub async fn shutdown(self) {
-        let workers: Vec<_> = self.workers.lock().await.drain().map(|(_, w)| w).collect();
+        let workers: Vec<_> = self
+            .workers
+            .lock()
+            .await
+            .drain()
+            .filter_map(|(_, slot)| slot.worker)
+            .collect();
         for w in workers {
             match Arc::try_unwrap(w) {
                 Ok(w) => w.shutdown().await,

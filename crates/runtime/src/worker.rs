@@ -54,6 +54,10 @@ pub struct WorkerOptions {
     pub shutdown_grace: Duration,
     /// The largest frame accepted from the worker.
     pub max_frame_len: usize,
+    /// A worker idle for longer than this is health-checked before reuse.
+    pub health_interval: Duration,
+    /// Deadline of a health check.
+    pub health_timeout: Duration,
 }
 
 impl Default for WorkerOptions {
@@ -63,6 +67,8 @@ impl Default for WorkerOptions {
             call_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(3),
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            health_interval: Duration::from_secs(30),
+            health_timeout: Duration::from_secs(5),
         }
     }
 }
