@@ -780,22 +780,33 @@ impl Host {
     pub async fn kill(&self, id: &str) -> Result<()> {
         let record = self.with_store(|s| s.sandbox(id))?;
         let row = self.with_store(|s| s.lease(&record.lease_id))?;
-        if let Some(plugin) = self.cfg.registry.plugin(&row.plugin_id).cloned() {
-            let worker = self.worker(&plugin).await?;
-            let (driver_key, config) = self.with_store(|s| s.environment(&row.environment_id))?;
-            self.destroy_lease_row(
-                &worker,
-                &scope(&driver_key, &row.environment_id, &config),
-                &row,
-            )
-            .await;
-        } else {
+        let Some(plugin) = self.cfg.registry.plugin(&row.plugin_id).cloned() else {
             return Err(HostError::PluginIdentity {
                 sandbox: id.into(),
                 pinned: row.plugin_id,
                 state: "absent".into(),
             });
+        };
+        // claim it: of several processes killing one sandbox, one does it and
+        // the others are told it is gone
+        if row.state == LeaseState::Destroyed
+            || !self.with_store(|s| s.claim_lease(&row, LeaseState::Destroying))?
+        {
+            return Err(RuntimeError::NotFound {
+                what: "sandbox",
+                id: id.into(),
+            }
+            .into());
         }
+        let claimed = self.with_store(|s| s.lease(&row.id))?;
+        let worker = self.worker(&plugin).await?;
+        let (driver_key, config) = self.with_store(|s| s.environment(&row.environment_id))?;
+        self.destroy_lease_row(
+            &worker,
+            &scope(&driver_key, &row.environment_id, &config),
+            &claimed,
+        )
+        .await;
         self.with_store(|s| s.delete_sandbox(id))?;
         Ok(())
     }
