@@ -1,10 +1,11 @@
 //! The local provider as a sandhost worker (`sandhost-provider-local`): the
 //! JSON-RPC methods of the worker protocol mapped onto [`LocalSandbox`].
 //!
-//! The worker keeps no state of its own: every lease is a sandbox directory
-//! under the state root (its init is PID 1 of the sandbox and outlives any
-//! worker), so a lease acquired by one worker process is resumed, used and
-//! destroyed by another.
+//! The worker keeps no lease state of its own: every lease is a sandbox
+//! directory under the state root (its init is PID 1 of the sandbox and
+//! outlives any worker), so a lease acquired by one worker process is
+//! resumed, used and destroyed by another. (Open duplex channels are the
+//! exception: they belong to the worker process that opened them.)
 //!
 //! - State root: `$SANDHOST_HOME/local` when `SANDHOST_HOME` is set (the
 //!   host sets it for its workers), else `config.stateRoot`, else
@@ -21,6 +22,9 @@
 //!   [`LocalSandbox::session_exec`]). Output is streamed as `execute.log`
 //!   chunks as the init sends them.
 //! - Native sync runs `tar` inside the sandbox (see the `sync` module).
+//! - Duplex channels (`pty` and `tcp`, for the `terminal` and `ports`
+//!   capabilities) are the one piece of per-process state: a table of open
+//!   channels, each pumped by its own thread (see the `duplex` module).
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -32,8 +36,8 @@ use sandhost_protocol::{
     SyncParams, SyncResult, ValidateConfigParams, ValidateConfigResult,
 };
 use sandhost_provider::{
-    async_trait, ConfigOps, ExecOps, LeaseOps, LeaseReuseOps, ProbeOps, Provider, ProviderError,
-    ProviderResult, RequestContext, SyncOps,
+    async_trait, ConfigOps, DuplexOps, ExecOps, LeaseOps, LeaseReuseOps, ProbeOps, Provider,
+    ProviderError, ProviderResult, RequestContext, SyncOps,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -44,6 +48,7 @@ use crate::probe::Severity;
 use crate::sandbox::LocalSandbox;
 
 mod config;
+mod duplex;
 mod sync;
 mod utf8;
 
@@ -82,6 +87,8 @@ pub enum WorkerError {
     },
     #[error("worker task failed: {0}")]
     Task(String),
+    #[error("no open duplex channel {0:?} (it ended, or was never opened by this worker)")]
+    UnknownChannel(String),
     #[error(transparent)]
     Archive(#[from] sandhost_archive::ArchiveError),
 }
@@ -98,6 +105,7 @@ impl WorkerError {
             WorkerError::SyncLimit(_) => "E6074",
             WorkerError::HostIo { .. } => "E6075",
             WorkerError::Task(_) => "E6076",
+            WorkerError::UnknownChannel(_) => "E6077",
             // the archive's own stable codes (E515x)
             WorkerError::Archive(e) => e.code(),
         }
@@ -111,6 +119,7 @@ impl WorkerError {
             WorkerError::Config(_)
                 | WorkerError::Lease(_)
                 | WorkerError::PathNotAllowed(_)
+                | WorkerError::UnknownChannel(_)
                 | WorkerError::Local(LocalError::InvalidRequest(_))
                 | WorkerError::Local(LocalError::InvalidConfig(_))
         );
@@ -231,9 +240,12 @@ pub fn signal_name(sig: i32) -> String {
     name.into()
 }
 
-/// The local provider worker.
+/// The local provider worker. Its only state is the table of duplex
+/// channels open in this process.
 #[derive(Debug, Default)]
-pub struct LocalProvider;
+pub struct LocalProvider {
+    channels: Arc<duplex::Channels>,
+}
 
 #[async_trait]
 impl Provider for LocalProvider {
@@ -266,6 +278,10 @@ impl Provider for LocalProvider {
     }
 
     fn sync_ops(&self) -> Option<&dyn SyncOps> {
+        Some(self)
+    }
+
+    fn duplex_ops(&self) -> Option<&dyn DuplexOps> {
         Some(self)
     }
 }
@@ -603,7 +619,7 @@ pub fn main() -> ! {
         }
     };
     let code = rt.block_on(async {
-        match sandhost_provider::serve_stdio(Arc::new(LocalProvider)).await {
+        match sandhost_provider::serve_stdio(Arc::new(LocalProvider::default())).await {
             Ok(()) => 0,
             Err(e) => {
                 tracing::error!(code = e.code(), "{e}");
@@ -633,6 +649,7 @@ mod tests {
             WorkerError::SyncLimit("x".into()),
             WorkerError::host_io("x", std::io::Error::from(std::io::ErrorKind::NotFound)),
             WorkerError::Task("x".into()),
+            WorkerError::UnknownChannel("x".into()),
         ];
         let mut codes: Vec<_> = all.iter().map(WorkerError::code).collect();
         codes.sort_unstable();

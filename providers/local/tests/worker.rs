@@ -836,3 +836,363 @@ async fn the_plugin_check_conformance_suite_passes_against_the_worker() {
         .unwrap_or(0);
     assert_eq!(leftovers, 0, "the check left sandboxes behind");
 }
+
+// ------------------------------------------------------------ duplex channels
+
+use sandhost_protocol::{
+    Bytes, DuplexChannelParams, DuplexExitParams, DuplexOpenParams, DuplexPurpose,
+    DuplexResizeParams, DuplexWriteParams, Notification,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// How long any one duplex expectation may take.
+const DUPLEX_WAIT: Duration = Duration::from_secs(20);
+
+struct Chan {
+    id: String,
+    rx: UnboundedReceiver<Notification>,
+}
+
+enum Ev {
+    Data(Vec<u8>),
+    Exit(DuplexExitParams),
+}
+
+impl Chan {
+    async fn open(w: &Worker, lease: &Lease, purpose: DuplexPurpose) -> Result<Chan, WorkerError> {
+        let opened = w
+            .call::<methods::DuplexOpen>(&DuplexOpenParams {
+                scope: scope(),
+                lease: lease.clone(),
+                purpose,
+            })
+            .await?;
+        let rx = w.subscribe_channel(&opened.channel_id);
+        Ok(Chan {
+            id: opened.channel_id,
+            rx,
+        })
+    }
+
+    async fn pty(w: &Worker, lease: &Lease, argv: &[&str], cols: u16, rows: u16) -> Chan {
+        let purpose = DuplexPurpose::Pty {
+            command: argv[0].into(),
+            args: Some(argv[1..].iter().map(|s| s.to_string()).collect()),
+            cwd: None,
+            env: Some(BTreeMap::from([("PS1".into(), "$ ".into())])),
+            cols,
+            rows,
+        };
+        Chan::open(w, lease, purpose).await.unwrap()
+    }
+
+    async fn next(&mut self) -> Ev {
+        let n = tokio::time::timeout(DUPLEX_WAIT, self.rx.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "channel {}: no notification within {DUPLEX_WAIT:?}",
+                    self.id
+                )
+            })
+            .expect("the worker is gone");
+        match n.method.as_str() {
+            "duplexChannel.data" => Ev::Data(n.params_as::<methods::DuplexData>().unwrap().data.0),
+            "duplexChannel.exit" => Ev::Exit(n.params_as::<methods::DuplexExit>().unwrap()),
+            m => panic!("unexpected notification {m}"),
+        }
+    }
+
+    /// Output until `needle` appears; panics on an exit first.
+    async fn read_until(&mut self, needle: &str) -> String {
+        let mut seen = Vec::new();
+        loop {
+            match self.next().await {
+                Ev::Data(d) => seen.extend(d),
+                Ev::Exit(e) => panic!(
+                    "channel ended ({e:?}) before {needle:?}; output: {:?}",
+                    String::from_utf8_lossy(&seen)
+                ),
+            }
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            if text.contains(needle) {
+                return text;
+            }
+        }
+    }
+
+    /// Output until the exit (and the exit).
+    async fn until_exit(&mut self) -> (Vec<u8>, DuplexExitParams) {
+        let mut seen = Vec::new();
+        loop {
+            match self.next().await {
+                Ev::Data(d) => seen.extend(d),
+                Ev::Exit(e) => {
+                    assert_eq!(e.channel_id, self.id);
+                    return (seen, e);
+                }
+            }
+        }
+    }
+
+    async fn write(&self, w: &Worker, data: &[u8]) -> Result<(), WorkerError> {
+        w.call::<methods::DuplexWrite>(&DuplexWriteParams {
+            channel_id: self.id.clone(),
+            data: Bytes(data.to_vec()),
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn stop(&self, w: &Worker) {
+        w.call::<methods::DuplexStop>(&DuplexChannelParams {
+            channel_id: self.id.clone(),
+        })
+        .await
+        .unwrap();
+    }
+
+    async fn close(&self, w: &Worker) {
+        w.call::<methods::DuplexClose>(&DuplexChannelParams {
+            channel_id: self.id.clone(),
+        })
+        .await
+        .unwrap();
+    }
+}
+
+fn rpc_code(e: &WorkerError) -> (i64, String) {
+    match e {
+        WorkerError::Rpc(f) => (
+            f.code,
+            f.data
+                .as_ref()
+                .and_then(|d| d["code"].as_str())
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        other => panic!("expected an RPC error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn pty_channel_echoes_runs_input_follows_resize_and_reports_the_exit_code() {
+    let home = Home::new();
+    let w = home.worker().await;
+    let lease = acquire(&w, "run_pty", 120).await;
+    let mut ch = Chan::pty(&w, &lease, &["sh"], 80, 24).await;
+    assert!(ch.id.starts_with("pty-"), "{}", ch.id);
+    // the arithmetic proves the shell ran the line, not just the echo of it
+    ch.write(&w, b"echo pty-$((6*7))\n").await.unwrap();
+    ch.read_until("pty-42").await;
+    ch.write(&w, b"stty size\n").await.unwrap();
+    ch.read_until("24 80").await;
+    w.call::<methods::DuplexResize>(&DuplexResizeParams {
+        channel_id: ch.id.clone(),
+        cols: 132,
+        rows: 43,
+    })
+    .await
+    .unwrap();
+    ch.write(&w, b"stty size\n").await.unwrap();
+    ch.read_until("43 132").await;
+    // a zero-sized terminal is an invalid request
+    let e = w
+        .call::<methods::DuplexResize>(&DuplexResizeParams {
+            channel_id: ch.id.clone(),
+            cols: 0,
+            rows: 10,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(&e), (-32602, "E6030".into()));
+    ch.write(&w, b"exit 7\n").await.unwrap();
+    let (_, exit) = ch.until_exit().await;
+    assert_eq!(
+        (exit.exit_code, exit.signal, exit.error),
+        (Some(7), None, None)
+    );
+    // the channel is gone once it reported its exit
+    let e = ch.write(&w, b"late\n").await.unwrap_err();
+    assert_eq!(rpc_code(&e), (-32602, "E6077".into()));
+    destroy(&w, "run_pty").await;
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_on_a_pty_is_end_of_file_for_cat_even_after_a_partial_line() {
+    let home = Home::new();
+    let w = home.worker().await;
+    let lease = acquire(&w, "run_pty_stop", 120).await;
+    let mut ch = Chan::pty(&w, &lease, &["cat"], 80, 24).await;
+    ch.write(&w, b"whole line\n").await.unwrap();
+    ch.read_until("whole line\r\nwhole line\r\n").await;
+    // no newline: the first ^D hands `partial` to cat, the second is EOF
+    ch.write(&w, b"partial").await.unwrap();
+    ch.stop(&w).await;
+    let (out, exit) = ch.until_exit().await;
+    assert!(String::from_utf8_lossy(&out).contains("partial"), "{out:?}");
+    assert_eq!(
+        (exit.exit_code, exit.signal.as_deref()),
+        (Some(0), None),
+        "{exit:?}"
+    );
+    destroy(&w, "run_pty_stop").await;
+    w.shutdown().await;
+}
+
+/// How many processes in the sandbox have `name` as their command.
+async fn count_procs(w: &Worker, lease: &Lease, name: &str) -> usize {
+    let script = format!(
+        "n=0; for f in /proc/[0-9]*/comm; do [ \"$(cat $f 2>/dev/null)\" = {name} ] && n=$((n+1)); done; echo $n"
+    );
+    let r = sh(w, lease, &script, true).await;
+    r.stdout.trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn close_kills_the_pty_process_and_its_background_jobs() {
+    let home = Home::new();
+    let w = home.worker().await;
+    let lease = acquire(&w, "run_pty_close", 120).await;
+    let mut ch = Chan::pty(&w, &lease, &["sh"], 80, 24).await;
+    ch.write(&w, b"sleep 301 & sleep 302 & echo started-$((1+1))\n")
+        .await
+        .unwrap();
+    ch.read_until("started-2").await;
+    assert_eq!(count_procs(&w, &lease, "sleep").await, 2);
+    ch.close(&w).await;
+    let (_, exit) = ch.until_exit().await;
+    assert_eq!(exit.signal.as_deref(), Some("SIGKILL"), "{exit:?}");
+    assert_eq!(count_procs(&w, &lease, "sleep").await, 0);
+    // closing again is not an error; writing is
+    ch.close(&w).await;
+    assert!(ch.write(&w, b"x").await.is_err());
+    destroy(&w, "run_pty_close").await;
+    w.shutdown().await;
+}
+
+/// A TCP server in the sandbox on `port`: greets with `hello`, then on a
+/// `count` line counts bytes until end-of-file and answers `bytes=N`, and
+/// on any other line answers it upper-cased; then closes the connection.
+const TCP_SERVER: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(8)
+open("/tmp/ready-%d" % port, "w").close()
+while True:
+    c, _ = s.accept()
+    c.sendall(b"hello\n")
+    f = c.makefile("rb")
+    line = f.readline()
+    if line == b"count\n":
+        n = 0
+        while True:
+            b = f.read(65536)
+            if not b:
+                break
+            n += len(b)
+        c.sendall(b"bytes=%d\n" % n)
+    else:
+        c.sendall(line.upper())
+    f.close()
+    c.close()
+"#;
+
+async fn start_tcp_server(w: &Worker, lease: &Lease, port: u16) {
+    let mut p = exec_params(lease, "cat > /tmp/srv.py", true);
+    p.stdin = Some(TCP_SERVER.into());
+    let r = w
+        .execute(&p, Duration::from_secs(60), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let script = format!(
+        "python3 /tmp/srv.py {port} >/tmp/srv.log 2>&1 </dev/null &
+         for i in $(seq 200); do [ -e /tmp/ready-{port} ] && exit 0; sleep 0.05; done
+         cat /tmp/srv.log; exit 1"
+    );
+    let r = sh(w, lease, &script, true).await;
+    assert_eq!(r.exit_code, Some(0), "the server did not start: {r:?}");
+}
+
+#[tokio::test]
+async fn tcp_channel_carries_bytes_both_ways_with_half_close_and_refuses_a_closed_port() {
+    let home = Home::new();
+    let w = home.worker().await;
+    let lease = acquire(&w, "run_tcp", 120).await;
+    start_tcp_server(&w, &lease, 7070).await;
+
+    // bytes both ways; stop half-closes and the answer still arrives
+    let mut ch = Chan::open(&w, &lease, DuplexPurpose::Tcp { port: 7070 })
+        .await
+        .unwrap();
+    assert!(ch.id.starts_with("tcp-"), "{}", ch.id);
+    ch.read_until("hello\n").await;
+    ch.write(&w, b"count\n").await.unwrap();
+    let payload = vec![b'x'; 300_000];
+    ch.write(&w, &payload).await.unwrap();
+    ch.stop(&w).await;
+    let (out, exit) = ch.until_exit().await;
+    assert_eq!(String::from_utf8_lossy(&out), "bytes=300000\n");
+    assert_eq!(
+        (
+            exit.exit_code,
+            exit.signal.as_deref(),
+            exit.error.as_deref()
+        ),
+        (None, None, None)
+    );
+    assert!(ch.write(&w, b"late").await.is_err());
+
+    // the peer ends the connection while our side is still open: the
+    // channel ends with everything the peer sent
+    let mut ch = Chan::open(&w, &lease, DuplexPurpose::Tcp { port: 7070 })
+        .await
+        .unwrap();
+    ch.write(&w, b"shout please\n").await.unwrap();
+    let (out, exit) = ch.until_exit().await;
+    assert_eq!(String::from_utf8_lossy(&out), "hello\nSHOUT PLEASE\n");
+    assert_eq!(exit.error, None, "{exit:?}");
+
+    // a tcp channel has no size
+    let mut ch = Chan::open(&w, &lease, DuplexPurpose::Tcp { port: 7070 })
+        .await
+        .unwrap();
+    let e = w
+        .call::<methods::DuplexResize>(&DuplexResizeParams {
+            channel_id: ch.id.clone(),
+            cols: 80,
+            rows: 24,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(&e).0, -32602);
+    ch.close(&w).await;
+    let (_, exit) = ch.until_exit().await;
+    assert!(
+        exit.error.is_some(),
+        "a closed channel reports why: {exit:?}"
+    );
+
+    // nothing listens: a typed error, no channel
+    let e = Chan::open(&w, &lease, DuplexPurpose::Tcp { port: 7071 })
+        .await
+        .err()
+        .expect("port 7071 has no listener");
+    assert_eq!(rpc_code(&e), (-32002, "E6032".into()), "{e}");
+    // an unknown channel id is an invalid request
+    let e = w
+        .call::<methods::DuplexWrite>(&DuplexWriteParams {
+            channel_id: "tcp-0-0".into(),
+            data: Bytes(b"x".to_vec()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(&e), (-32602, "E6077".into()));
+    destroy(&w, "run_tcp").await;
+    w.shutdown().await;
+}
