@@ -209,6 +209,7 @@ pub async fn run_command(sandbox: &Sandbox, cmd: &CommandSpec) -> Result<ExecOut
         env: parse_env(&cmd.env)?,
         stdin: None,
         timeout: cmd.timeout.map(Duration::from_secs),
+        beside_session: false,
     };
     exec(&sandbox.ctx, &req, &mut Passthrough)
         .await

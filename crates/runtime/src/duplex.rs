@@ -129,14 +129,41 @@ impl DuplexChannel {
     /// Tear the channel down now.
     pub async fn close(mut self) -> Result<(), WorkerError> {
         self.closed = true;
-        self.worker.unsubscribe_channel(&self.id);
         let p = DuplexChannelParams {
             channel_id: self.id.clone(),
         };
-        self.worker
+        let r = self
+            .worker
             .call::<methods::DuplexClose>(&p)
             .await
-            .map(|_| ())
+            .map(|_| ());
+        self.drain_exit();
+        r
+    }
+
+    /// Keep the subscription until the channel's last notification (its
+    /// exit) arrives, then drop it, so nothing is left held for a channel
+    /// nobody reads. Bounded in time.
+    fn drain_exit(&mut self) {
+        let (worker, id) = (self.worker.clone(), self.id.clone());
+        let mut rx = std::mem::replace(&mut self.rx, mpsc::unbounded_channel().1);
+        let drain = async move {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while let Some(n) = rx.recv().await {
+                    if n.method == "duplexChannel.exit" {
+                        break;
+                    }
+                }
+            })
+            .await;
+            worker.unsubscribe_channel(&id);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(drain);
+            }
+            Err(_) => self.worker.unsubscribe_channel(&self.id),
+        }
     }
 
     /// The next event; `None` once the channel has ended (after `Exit`) or
@@ -172,7 +199,6 @@ impl Drop for DuplexChannel {
         if self.closed {
             return;
         }
-        self.worker.unsubscribe_channel(&self.id);
         let (worker, id) = (self.worker.clone(), self.id.clone());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
@@ -181,5 +207,6 @@ impl Drop for DuplexChannel {
                     .await;
             });
         }
+        self.drain_exit();
     }
 }

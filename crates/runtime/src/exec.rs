@@ -32,6 +32,10 @@ pub struct ExecRequest {
     pub env: BTreeMap<String, String>,
     pub stdin: Option<String>,
     pub timeout: Option<Duration>,
+    /// Run beside the lease's session (one-shot) even when sessions are
+    /// effective: for long-running or background commands, which would
+    /// otherwise hold the session and make every later command wait.
+    pub beside_session: bool,
 }
 
 /// Where output goes as it is produced.
@@ -139,7 +143,11 @@ pub async fn exec(
         return Err(ExecError::EmptyCommand);
     }
     let path = output_path(ctx);
-    let session = session_mode(ctx);
+    let session = if req.beside_session {
+        SessionMode::OneShot
+    } else {
+        session_mode(ctx)
+    };
     let raw = RawExec {
         command: req.argv[0].clone(),
         args: req.argv[1..].to_vec(),

@@ -187,6 +187,9 @@ impl Code {
                 KERNEL.into(),
             ],
             stdin: Some(source.to_string()),
+            // the context lives in the kernel, not the shell: a long cell
+            // must not hold the session other commands share
+            beside_session: true,
             ..ExecRequest::default()
         };
         let mut out = Collected::default();

@@ -88,6 +88,7 @@ fn request(argv: &[&str], opts: &RunOptions) -> ExecRequest {
         env: opts.env.clone(),
         stdin: opts.stdin.clone(),
         timeout: opts.timeout,
+        beside_session: false,
     }
 }
 
@@ -128,7 +129,12 @@ impl Commands {
         let script = format!("echo $$ > {}; exec \"$@\"", shell_quote(&pidfile));
         let mut wrapped = vec!["sh", "-c", &script, "sh"];
         wrapped.extend_from_slice(argv);
-        let req = request(&wrapped, &opts);
+        // beside the session: a long-running spawn must not hold the
+        // session shell that later `run` calls share
+        let req = ExecRequest {
+            beside_session: true,
+            ..request(&wrapped, &opts)
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let ctx = self.sandbox.runtime().ctx.clone();
         tokio::spawn(async move {

@@ -334,3 +334,41 @@ async fn commands_files_and_code_work_on_the_local_provider() {
     assert_eq!(r.error.expect("an error").name, "ZeroDivisionError");
     s.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_spawned_long_running_command_does_not_hold_the_session_for_later_runs() {
+    let home = tempfile::tempdir().unwrap();
+    let h = host(home.path()).await;
+    let s = sandbox(&h).await;
+    let cmds = s.commands().unwrap();
+    let mut bg = cmds
+        .spawn(&["sh", "-c", "echo up; sleep 60"], RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), bg.next())
+            .await
+            .unwrap(),
+        Some(CommandEvent::Stdout("up\n".into()))
+    );
+    // the session stays free: a later run answers at once, and keeps state
+    let t = std::time::Instant::now();
+    cmds.run(
+        &["sh", "-c", "cd /tmp && export KEPT=yes"],
+        RunOptions::default(),
+    )
+    .await
+    .unwrap();
+    let out = cmds
+        .run(&["sh", "-c", "echo $PWD $KEPT"], RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "/tmp yes\n");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "runs waited for the spawn: {:?}",
+        t.elapsed()
+    );
+    bg.kill(Duration::from_millis(100)).await.unwrap();
+    s.kill().await.unwrap();
+}
