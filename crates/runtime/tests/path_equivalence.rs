@@ -6,8 +6,9 @@
 //! the snapshot narrows it off and the runtime takes the fallback). The
 //! observable results must be identical, and the path actually taken must
 //! differ, so the test cannot pass by taking one path twice. It runs
-//! against the examples/ Python plugin and the built-in local provider (the
-//! capabilities each one has).
+//! against the examples/ Python plugin and the built-in local and Docker
+//! providers (the capabilities each one has). The Docker tests need the
+//! engine and its test image: run `scripts/docker.sh` first.
 
 use std::path::Path;
 use std::time::Duration;
@@ -23,12 +24,15 @@ use sandhost_runtime::store::LeaseOutcome;
 use sandhost_runtime::transfer::{download, upload, TransferLimits, TransferPath};
 use sandhost_runtime::worker::WorkerOptions;
 
-/// A provider under test: its plugin and driver key.
+/// A provider under test: its plugin, driver key and sandbox config.
 #[derive(Debug, Clone)]
 struct Provider {
     name: &'static str,
     plugin: Plugin,
     driver: &'static str,
+    /// The `config` of every sandbox created (`{}` unless the provider
+    /// needs one).
+    config: serde_json::Value,
 }
 
 fn python() -> Provider {
@@ -38,33 +42,51 @@ fn python() -> Provider {
         name: "python",
         plugin,
         driver: "python-tempdir",
+        config: serde_json::json!({}),
     }
 }
 
-/// The built-in local provider, with its worker binary from this build.
-fn local() -> Provider {
+/// A built-in provider (`providers/<dir>`), with its worker binary
+/// `sandhost-provider-<dir>` from this build (target/<profile>/, the
+/// parent of the test's deps/).
+fn builtin(dir: &str) -> Plugin {
     let exe = std::env::current_exe().unwrap();
     let bin_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let worker = bin_dir.join("sandhost-provider-local");
+    let worker = bin_dir.join(format!("sandhost-provider-{dir}"));
     assert!(
         worker.exists(),
         "{} is missing: build the workspace binaries first (cargo build --workspace --bins)",
         worker.display()
     );
     let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../providers/local/plugin.json"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../providers/{dir}/plugin.json")),
     )
     .unwrap();
     let manifest = parse_manifest(&text).unwrap();
-    let plugin = Plugin {
+    Plugin {
         dir: bin_dir,
         manifest,
         source: PluginSource::Builtin,
-    };
+    }
+}
+
+/// The built-in local provider.
+fn local() -> Provider {
     Provider {
         name: "local",
-        plugin,
+        plugin: builtin("local"),
         driver: "local",
+        config: serde_json::json!({}),
+    }
+}
+
+/// The built-in Docker provider on the busybox test image.
+fn docker() -> Provider {
+    Provider {
+        name: "docker",
+        plugin: builtin("docker"),
+        driver: "docker",
+        config: serde_json::json!({"image": "sandhost-test-busybox:latest"}),
     }
 }
 
@@ -93,7 +115,7 @@ async fn create(h: &Host, p: &Provider, policy: LeasePolicy) -> Sandbox {
         template: Template::builtin(),
         template_yaml: "name: default\n".into(),
         provider: Some(p.driver.into()),
-        config: serde_json::json!({}),
+        config: p.config.clone(),
         ttl: Some(Duration::from_secs(600)),
         policy,
     })
@@ -355,4 +377,36 @@ async fn local_native_sync_out_and_the_base64_fallback_agree() {
 #[tokio::test]
 async fn local_reusable_leases_and_the_stored_lease_path_agree() {
     reuse_resumes_or_uses_the_stored_lease_with_the_same_result(local()).await;
+}
+
+// ---------------------------------------------------------------- docker
+
+#[tokio::test]
+async fn docker_incremental_output_and_its_fallback_agree() {
+    incremental_output_streams_or_falls_back_with_the_same_result(docker()).await;
+}
+
+#[tokio::test]
+async fn docker_persistent_sessions_and_one_shot_agree() {
+    sessions_or_one_shot_give_the_same_result(docker()).await;
+}
+
+#[tokio::test]
+async fn docker_control_commands_poll_and_run_once_agree() {
+    control_commands_poll_or_run_once_with_the_same_result(docker()).await;
+}
+
+#[tokio::test]
+async fn docker_native_sync_in_and_the_base64_fallback_agree() {
+    sync_native_or_base64_gives_the_same_tree(docker(), Cap::NativeSyncIn).await;
+}
+
+#[tokio::test]
+async fn docker_native_sync_out_and_the_base64_fallback_agree() {
+    sync_native_or_base64_gives_the_same_tree(docker(), Cap::NativeSyncOut).await;
+}
+
+#[tokio::test]
+async fn docker_reusable_leases_and_the_stored_lease_path_agree() {
+    reuse_resumes_or_uses_the_stored_lease_with_the_same_result(docker()).await;
 }

@@ -123,6 +123,38 @@ impl From<DockerError> for ProviderError {
     }
 }
 
+/// Packing, unpacking and staging errors of the shared archive crate, in the
+/// sync codes: a cap is [`DockerError::SyncLimit`] (E6111); an archive from
+/// the lease that breaks the rules, or cannot be read, is
+/// [`DockerError::SyncFailed`] (E6112); a local filesystem failure is
+/// [`DockerError::HostIo`] (E6114); a host source that cannot be packed, or
+/// a file that would replace a directory, is [`DockerError::InvalidParams`]
+/// (E6115). The archive crate's own code stays in the message.
+impl From<sandhost_archive::ArchiveError> for DockerError {
+    fn from(e: sandhost_archive::ArchiveError) -> Self {
+        use sandhost_archive::ArchiveError as A;
+        let code = e.code();
+        match e {
+            A::CapExceeded { .. } => DockerError::SyncLimit(format!("{e} ({code})")),
+            A::Rejected { .. } => {
+                DockerError::SyncFailed(format!("unsafe archive from the lease: {e} ({code})"))
+            }
+            A::Read { .. } => DockerError::SyncFailed(format!("{e} ({code})")),
+            A::Io {
+                doing,
+                path,
+                source,
+            } => DockerError::HostIo {
+                path: format!("{path} ({doing}, {code})"),
+                source,
+            },
+            A::SourceRejected { .. } | A::WouldReplaceDirectory { .. } => {
+                DockerError::InvalidParams(format!("{e} ({code})"))
+            }
+        }
+    }
+}
+
 /// Whether a bollard error is an engine 404.
 pub fn is_not_found(e: &bollard::errors::Error) -> bool {
     matches!(

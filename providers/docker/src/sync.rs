@@ -8,24 +8,36 @@
 //! itself resolves archive paths inside the container's filesystem, never on
 //! the host.
 //!
-//! - File in: upload a temp name in the target directory with the final mode
-//!   in the tar header (no world-readable window), then `mv -f` over the
-//!   target (an atomic rename in one directory).
-//! - Directory in: upload into a temp directory beside the target, then
-//!   destroy-then-replace (`rm -rf target && mv temp target`).
-//! - Out: download the tar stream (bounded in bytes and entries) and unpack it
-//!   on the host into a fresh temp path with [`unpack_safely`]: regular files
-//!   and directories only, normal relative names only, permission bits only;
-//!   then rename into place.
+//! Packing and unpacking are the shared `sandhost-archive` crate's, so the
+//! rules on what a tree may hold are the same as the runtime's base64
+//! fallback:
+//!
+//! - In: the host source is checked with [`sandhost_archive::scan_tree`]
+//!   (regular files, directories, in-tree symlinks; caps counted) and packed
+//!   with [`sandhost_archive::pack_tree`] (a single file: one entry with its
+//!   mode). The archive is uploaded into a private (0700, `mktemp -d`)
+//!   directory next to the target, so nothing is ever visible half-written;
+//!   excluded paths are removed there, the mode is set, then a file is
+//!   renamed over the target (`mv -f`, atomic) and a directory replaces it
+//!   (destroy-then-replace). `followSymlinks: true` is refused: symlinks
+//!   travel as links, and only those that stay inside the tree.
+//! - Out: the Engine's tar stream (bounded) is unpacked on the host with
+//!   [`sandhost_archive::unpack`] into a [`Staging`] directory next to
+//!   `targetPath`; its single top entry (the downloaded name) is checked
+//!   again as a tree of its own with [`sandhost_archive::check_staged`] (a
+//!   symlink may not leave it), then [`swap_into_place`] renames it over the
+//!   target.
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
 use bollard::Docker;
 use futures_util::StreamExt;
+use sandhost_archive::{swap_into_place, Counts, Kind, Limits, Staging};
 use sandhost_protocol::{FileKind, FileMapping, SyncOperation, SyncOperationResult, SyncResult};
 
 use crate::engine::LeaseInfo;
@@ -36,8 +48,23 @@ use crate::exec::{self, ExecSpec};
 pub const MAX_BYTES: u64 = 512 << 20;
 /// Most entries in one mapping.
 pub const MAX_ENTRIES: u64 = 100_000;
-const MAX_PATH: usize = 4096;
-const MAX_NAME: usize = 255;
+const MAX_PATH: usize = sandhost_archive::MAX_PATH_LEN;
+const MAX_NAME: usize = sandhost_archive::MAX_NAME_LEN;
+
+/// The caps of one mapping, in the shared crate's terms.
+fn limits() -> Limits {
+    Limits {
+        max_bytes: MAX_BYTES,
+        max_entries: MAX_ENTRIES,
+    }
+}
+
+fn archive_kind(kind: FileKind) -> Kind {
+    match kind {
+        FileKind::File => Kind::File,
+        FileKind::Directory => Kind::Directory,
+    }
+}
 
 /// A validated lease path: the root, the parent and the last name.
 #[derive(Debug, Clone)]
@@ -87,7 +114,9 @@ fn lease_path(root: &str, rel: &str) -> Result<LeasePath> {
 }
 
 /// Resolve (and with `create`, make) the parent inside the container; its
-/// physical path, which is under the root's physical path.
+/// physical path, which is under the root's physical path. With `create` the
+/// script also makes a private temp directory in it and prints its name on
+/// a first line.
 const RESOLVE: &str = r#"r=$(cd -P -- "$1" 2>/dev/null && pwd -P) || { echo "the sync root is missing" >&2; exit 4; }
 d=$2
 while [ ! -d "$d" ] && [ ! -L "$d" ]; do d=${d%/*}; [ -n "$d" ] || d=/; done
@@ -96,6 +125,7 @@ case "$e/" in "$r"/*) ;; *) echo "it resolves outside the sync root" >&2; exit 5
 if [ "$3" = create ]; then mkdir -p -- "$2" || exit 6; fi
 p=$(cd -P -- "$2" 2>/dev/null && pwd -P) || { echo "the directory does not exist" >&2; exit 7; }
 case "$p/" in "$r"/*) ;; *) echo "it resolves outside the sync root" >&2; exit 5;; esac
+if [ "$3" = create ]; then t=$(mktemp -d "$p/.sandhost-sync.XXXXXX") || exit 6; printf '%s\n' "${t##*/}"; fi
 printf '%s' "$p""#;
 
 async fn resolve_parent(
@@ -162,101 +192,61 @@ fn excluded(excludes: &[String], rel: &str) -> bool {
     })
 }
 
-#[derive(Debug, Default)]
-pub struct Counts {
-    pub files: u64,
-    pub bytes: u64,
-    pub entries: u64,
-}
-
-impl Counts {
-    fn add(&mut self, bytes: u64) -> Result<()> {
-        self.entries += 1;
-        self.bytes += bytes;
-        if self.entries > MAX_ENTRIES {
-            return Err(DockerError::SyncLimit(format!(
-                "more than {MAX_ENTRIES} entries"
-            )));
-        }
-        if self.bytes > MAX_BYTES {
-            return Err(DockerError::SyncLimit(format!(
-                "more than {MAX_BYTES} bytes"
-            )));
-        }
-        Ok(())
+/// The top-most paths below `src` (relative, `/`-separated) that `excludes`
+/// match; what is below a match is not looked at.
+fn excluded_paths(src: &Path, excludes: &[String]) -> Result<Vec<String>> {
+    let mut out = vec![];
+    if excludes.is_empty() {
+        return Ok(out);
     }
+    let mut stack = vec![String::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = src.join(&rel);
+        for e in fs::read_dir(&dir).map_err(DockerError::host_io(&dir))? {
+            let e = e.map_err(DockerError::host_io(&dir))?;
+            // a name that is not UTF-8 fails the scan anyway
+            let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let child = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if excluded(excludes, &child) {
+                out.push(child);
+            } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(child);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
-fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+/// A one-entry archive of the regular file `src`, named `f`, with `mode`.
+fn pack_file(src: &Path, size: u64, mode: u32) -> Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    fs::File::open(src)
+        .and_then(|f| f.take(size.saturating_add(1)).read_to_end(&mut data))
+        .map_err(DockerError::host_io(src))?;
+    if data.len() as u64 != size {
+        return Err(DockerError::SyncFailed(format!(
+            "`{}` changed size while it was being sent",
+            src.display()
+        )));
+    }
     let mut h = tar::Header::new_gnu();
-    h.set_entry_type(kind);
+    h.set_entry_type(tar::EntryType::Regular);
     h.set_mode(mode & 0o777);
     h.set_size(size);
     h.set_uid(0);
     h.set_gid(0);
     h.set_mtime(crate::engine::now_secs());
-    h
-}
-
-/// Append the host tree at `dir` under `name` in the archive.
-fn append_tree(
-    b: &mut tar::Builder<Vec<u8>>,
-    dir: &Path,
-    name: &str,
-    rel: &str,
-    m: &FileMapping,
-    counts: &mut Counts,
-) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(DockerError::host_io(dir))?
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(DockerError::host_io(dir))?;
-    entries.sort_by_key(|e| e.file_name());
-    let excludes = m.exclude.clone().unwrap_or_default();
-    for e in entries {
-        let fname = e.file_name();
-        let Some(fname) = fname.to_str() else {
-            tracing::warn!("skipping a non-utf-8 name in {}", dir.display());
-            continue;
-        };
-        let child_rel = if rel.is_empty() {
-            fname.to_string()
-        } else {
-            format!("{rel}/{fname}")
-        };
-        if excluded(&excludes, &child_rel) {
-            continue;
-        }
-        let path = e.path();
-        let arc = format!("{name}/{child_rel}");
-        let lmeta = std::fs::symlink_metadata(&path).map_err(DockerError::host_io(&path))?;
-        let meta = if lmeta.file_type().is_symlink() && m.follow_symlinks == Some(true) {
-            std::fs::metadata(&path).map_err(DockerError::host_io(&path))?
-        } else {
-            lmeta
-        };
-        if meta.is_dir() {
-            counts.add(0)?;
-            let mut h = header(tar::EntryType::Directory, meta.mode(), 0);
-            b.append_data(&mut h, &arc, std::io::empty())
-                .map_err(DockerError::host_io(&path))?;
-            append_tree(b, &path, name, &child_rel, m, counts)?;
-        } else if meta.is_file() {
-            counts.add(meta.len())?;
-            counts.files += 1;
-            let f = std::fs::File::open(&path).map_err(DockerError::host_io(&path))?;
-            let mut h = header(tar::EntryType::Regular, meta.mode(), meta.len());
-            b.append_data(&mut h, &arc, f.take(meta.len()))
-                .map_err(DockerError::host_io(&path))?;
-        } else if meta.file_type().is_symlink() {
-            counts.add(0)?;
-            let target = std::fs::read_link(&path).map_err(DockerError::host_io(&path))?;
-            let mut h = header(tar::EntryType::Symlink, 0o777, 0);
-            b.append_link(&mut h, &arc, &target)
-                .map_err(DockerError::host_io(&path))?;
-        }
-    }
-    Ok(())
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(&mut h, "f", data.as_slice())
+        .map_err(DockerError::host_io(src))?;
+    b.into_inner().map_err(DockerError::host_io(src))
 }
 
 async fn upload(docker: &Docker, container: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
@@ -336,73 +326,83 @@ pub async fn sync_in(
     })
 }
 
+/// Place the uploaded temp directory `$1/$2` at `$1/$3`: a file (`$2/f`)
+/// by an atomic rename (a symlink there is removed first, so `mv` cannot
+/// move the file into the directory it points to; `mv -T` is no help, as
+/// busybox's refuses a symlink to a directory), a directory by destroy-then-replace after removing
+/// the excluded paths given as `$5...` and setting its mode `$4`. The temp
+/// directory is gone afterwards, whatever happened.
+const PLACE_FILE: &str = r#"trap 'rm -rf -- "$1/$2"' EXIT
+if [ -d "$1/$3" ] && [ ! -L "$1/$3" ]; then echo "the target is a directory" >&2; exit 3; fi
+if [ -L "$1/$3" ]; then rm -f -- "$1/$3" || exit 4; fi
+mv -f -- "$1/$2/f" "$1/$3" || exit 4"#;
+const PLACE_DIR: &str = r#"p=$1 t=$2 n=$3 m=$4; shift 4
+trap 'rm -rf -- "$p/$t"' EXIT
+for x in "$@"; do rm -rf -- "$p/$t/$x" || exit 4; done
+chmod "$m" "$p/$t" || exit 4
+rm -rf -- "$p/$n" && mv -f -- "$p/$t" "$p/$n" || exit 4"#;
+
 async fn sync_in_one(docker: &Docker, lease: &LeaseInfo, m: &FileMapping) -> Result<Counts> {
     let lp = lease_path(&lease.workdir, &m.target_path)?;
-    let src = PathBuf::from(&m.source_path);
-    let meta = std::fs::metadata(&src).map_err(DockerError::host_io(&src))?;
-    let tmp = format!(".sandhost-{}.tmp", exec::token());
-    let mut counts = Counts::default();
-    let mut b = tar::Builder::new(Vec::new());
-    b.mode(tar::HeaderMode::Deterministic);
-    match m.kind {
-        FileKind::File => {
-            if !meta.is_file() {
-                return Err(DockerError::InvalidParams(format!(
-                    "`{}` is not a regular file",
-                    m.source_path
-                )));
-            }
-            counts.add(meta.len())?;
-            counts.files = 1;
-            let mode = m.mode.map(|x| x.0).unwrap_or(meta.mode());
-            let f = std::fs::File::open(&src).map_err(DockerError::host_io(&src))?;
-            let mut h = header(tar::EntryType::Regular, mode, meta.len());
-            b.append_data(&mut h, &tmp, f.take(meta.len()))
-                .map_err(DockerError::host_io(&src))?;
-        }
-        FileKind::Directory => {
-            if !meta.is_dir() {
-                return Err(DockerError::InvalidParams(format!(
-                    "`{}` is not a directory",
-                    m.source_path
-                )));
-            }
-            counts.add(0)?;
-            let mode = m.mode.map(|x| x.0).unwrap_or(meta.mode());
-            let mut h = header(tar::EntryType::Directory, mode, 0);
-            b.append_data(&mut h, &tmp, std::io::empty())
-                .map_err(DockerError::host_io(&src))?;
-            append_tree(&mut b, &src, &tmp, "", m, &mut counts)?;
-        }
+    if m.follow_symlinks == Some(true) {
+        return Err(DockerError::Unsupported(
+            "followSymlinks: symlinks are synced as links, and only those inside the tree".into(),
+        ));
     }
-    let archive = b.into_inner().map_err(DockerError::host_io(&src))?;
-    let parent = resolve_parent(docker, &lease.container_id, &lp, &m.target_path, true).await?;
-    if let Err(e) = upload(docker, &lease.container_id, &parent, archive).await {
+    let src = PathBuf::from(&m.source_path);
+    let scan = sandhost_archive::scan_tree(&src, &limits())?;
+    if scan.kind() != archive_kind(m.kind) {
+        return Err(DockerError::InvalidParams(format!(
+            "`{}` is not a {}",
+            m.source_path,
+            match m.kind {
+                FileKind::File => "regular file",
+                FileKind::Directory => "directory",
+            }
+        )));
+    }
+    let counts = scan.counts();
+    let mode = m.mode.map_or(scan.mode(), |x| x.0) & 0o777;
+    let (archive, excludes) = match m.kind {
+        FileKind::File => (pack_file(&src, counts.bytes, mode)?, vec![]),
+        FileKind::Directory => {
+            let mut out = Vec::new();
+            sandhost_archive::pack_tree(&src, &scan, &mut out)?;
+            let excludes = excluded_paths(&src, m.exclude.as_deref().unwrap_or_default())?;
+            (out, excludes)
+        }
+    };
+    let prepared = resolve_parent(docker, &lease.container_id, &lp, &m.target_path, true).await?;
+    let Some((tmp, parent)) = prepared
+        .split_once('\n')
+        .filter(|(t, _)| t.starts_with(".sandhost-sync.") && !t.contains('/'))
+    else {
+        return Err(DockerError::SyncFailed(format!(
+            "cannot prepare `{}` in the lease: no temp directory was made",
+            m.target_path
+        )));
+    };
+    let tmp_path = format!("{parent}/{tmp}");
+    if let Err(e) = upload(docker, &lease.container_id, &tmp_path, archive).await {
         let _ = exec::sh_ok(
             docker,
             &lease.container_id,
-            r#"rm -rf -- "$1/$2""#,
-            &[&parent, &tmp],
+            r#"rm -rf -- "$1""#,
+            &[&tmp_path],
         )
         .await;
         return Err(e);
     }
+    let mode = format!("{mode:o}");
+    let mut args = vec![parent, tmp, lp.name.as_str(), mode.as_str()];
     let script = match m.kind {
-        FileKind::File => {
-            r#"if [ -d "$1/$3" ] && [ ! -L "$1/$3" ]; then rm -f -- "$1/$2"; echo "the target is a directory" >&2; exit 3; fi
-mv -f -- "$1/$2" "$1/$3" || { rm -f -- "$1/$2"; exit 4; }"#
-        }
+        FileKind::File => PLACE_FILE,
         FileKind::Directory => {
-            r#"rm -rf -- "$1/$3" && mv -f -- "$1/$2" "$1/$3" || { rm -rf -- "$1/$2"; exit 4; }"#
+            args.extend(excludes.iter().map(String::as_str));
+            PLACE_DIR
         }
     };
-    exec::sh_ok(
-        docker,
-        &lease.container_id,
-        script,
-        &[&parent, &tmp, &lp.name],
-    )
-    .await?;
+    exec::sh_ok(docker, &lease.container_id, script, &args).await?;
     Ok(counts)
 }
 
@@ -433,6 +433,11 @@ pub async fn sync_out(
 
 async fn sync_out_one(docker: &Docker, lease: &LeaseInfo, m: &FileMapping) -> Result<Counts> {
     let lp = lease_path(&lease.workdir, &m.source_path)?;
+    if m.follow_symlinks == Some(true) {
+        return Err(DockerError::Unsupported(
+            "followSymlinks: symlinks are synced as links, and only those inside the tree".into(),
+        ));
+    }
     let parent = resolve_parent(docker, &lease.container_id, &lp, &m.source_path, false).await?;
     let mut stream = docker.download_from_container(
         &lease.container_id,
@@ -462,184 +467,85 @@ async fn sync_out_one(docker: &Docker, lease: &LeaseInfo, m: &FileMapping) -> Re
         }
     }
     let target = PathBuf::from(&m.target_path);
-    unpack_safely(&archive, &lp.name, m.kind, &target, m.mode.map(|x| x.0))
+    let counts = install_download(
+        &archive,
+        &lp.name,
+        m.kind,
+        &target,
+        m.mode.map(|x| x.0),
+        |top| {
+            for x in excluded_paths(top, m.exclude.as_deref().unwrap_or_default())? {
+                let p = top.join(&x);
+                sandhost_archive::remove_tree(&p).map_err(DockerError::host_io(&p))?;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(counts)
 }
 
-/// Unpack a downloaded archive (top entry `name`) to `target` on the host.
+/// Unpack a downloaded archive (one top entry, `name`) to `target` on the
+/// host by the shared rules, and count what was installed.
 ///
-/// Only regular files and directories are written, under a fresh temp path
-/// beside `target` and with permission bits only (no setuid, setgid,
-/// sticky); names must be normal relative components; symlinks, hard links
-/// and devices are skipped. Bytes and entries are counted against the caps
-/// before anything is written. Then `target` is replaced by a rename.
-pub fn unpack_safely(
+/// The archive is unpacked into a private [`Staging`] directory beside
+/// `target`; `name` must be its only top entry and of the expected kind; it
+/// is then checked again as a tree of its own (no symlink may leave it),
+/// `prune` may remove what is not wanted, the mode is set (`mode`, else the
+/// remote one, permission bits only) and it is swapped into place. On any
+/// error `target` is untouched and the staging directory is removed.
+pub fn install_download(
     archive: &[u8],
     name: &str,
     kind: FileKind,
     target: &Path,
     mode: Option<u32>,
+    prune: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<Counts> {
     let parent = target
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(DockerError::host_io(parent))?;
-    let tmp = parent.join(format!(".sandhost-{}.tmp", exec::token()));
-    let result = unpack_into(archive, name, kind, &tmp, mode);
-    match result {
-        Ok(counts) => {
-            if kind == FileKind::Directory {
-                if let Ok(meta) = std::fs::symlink_metadata(target) {
-                    if meta.is_dir() {
-                        std::fs::remove_dir_all(target).map_err(DockerError::host_io(target))?;
-                    } else {
-                        std::fs::remove_file(target).map_err(DockerError::host_io(target))?;
-                    }
-                }
-            } else if std::fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(DockerError::InvalidParams(format!(
-                    "`{}` is a directory",
-                    target.display()
-                )));
-            }
-            std::fs::rename(&tmp, target).map_err(DockerError::host_io(target))?;
-            Ok(counts)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
+    fs::create_dir_all(parent).map_err(DockerError::host_io(parent))?;
+    let stage = Staging::create(parent)?;
+    let payload = stage.payload();
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&payload)
+        .map_err(DockerError::host_io(&payload))?;
+    sandhost_archive::unpack(archive, &payload, &limits())?;
+    let mut tops = vec![];
+    for e in fs::read_dir(&payload).map_err(DockerError::host_io(&payload))? {
+        tops.push(e.map_err(DockerError::host_io(&payload))?.file_name());
     }
-}
-
-fn unpack_into(
-    archive: &[u8],
-    name: &str,
-    kind: FileKind,
-    tmp: &Path,
-    mode: Option<u32>,
-) -> Result<Counts> {
-    let mut counts = Counts::default();
-    let mut ar = tar::Archive::new(archive);
-    let bad =
-        |why: String| DockerError::SyncFailed(format!("unsafe archive from the lease: {why}"));
-    let mut dir_modes = vec![];
-    let mut seen_top = false;
-    for entry in ar.entries().map_err(DockerError::host_io(tmp))? {
-        let mut entry = entry.map_err(DockerError::host_io(tmp))?;
-        let size = entry.header().size().map_err(DockerError::host_io(tmp))?;
-        counts.add(size)?;
-        let path = entry
-            .path()
-            .map_err(DockerError::host_io(tmp))?
-            .into_owned();
-        let mut comps = vec![];
-        for c in path.components() {
-            match c {
-                Component::Normal(s) => comps.push(s.to_owned()),
-                Component::CurDir => {}
-                _ => {
-                    return Err(bad(format!(
-                        "entry `{}` is not a plain relative name",
-                        path.display()
-                    )))
-                }
-            }
-        }
-        if comps.first().map(|c| c.as_os_str()) != Some(std::ffi::OsStr::new(name)) {
-            return Err(bad(format!(
-                "entry `{}` is outside `{name}`",
-                path.display()
-            )));
-        }
-        let rest: PathBuf = comps[1..].iter().collect();
-        let etype = entry.header().entry_type();
-        let emode = entry.header().mode().unwrap_or(0o644) & 0o777;
-        match kind {
-            FileKind::File => {
-                if !rest.as_os_str().is_empty() || seen_top {
-                    return Err(bad("more than one entry for a file".into()));
-                }
-                seen_top = true;
-                if etype != tar::EntryType::Regular && etype != tar::EntryType::Continuous {
-                    return Err(DockerError::InvalidParams(format!(
-                        "`{name}` in the lease is not a regular file"
-                    )));
-                }
-                write_file(&mut entry, tmp, mode.unwrap_or(emode) & 0o777, size)?;
-                counts.files += 1;
-            }
-            FileKind::Directory => {
-                let dest = if rest.as_os_str().is_empty() {
-                    tmp.to_path_buf()
-                } else {
-                    tmp.join(&rest)
-                };
-                if rest.as_os_str().is_empty() {
-                    if etype != tar::EntryType::Directory {
-                        return Err(DockerError::InvalidParams(format!(
-                            "`{name}` in the lease is not a directory"
-                        )));
-                    }
-                    std::fs::create_dir(&dest).map_err(DockerError::host_io(&dest))?;
-                    dir_modes.push((dest, mode.unwrap_or(emode)));
-                    continue;
-                }
-                match etype {
-                    tar::EntryType::Directory => {
-                        std::fs::create_dir(&dest).map_err(DockerError::host_io(&dest))?;
-                        dir_modes.push((dest, emode));
-                    }
-                    tar::EntryType::Regular | tar::EntryType::Continuous => {
-                        write_file(&mut entry, &dest, emode, size)?;
-                        counts.files += 1;
-                    }
-                    other => {
-                        tracing::warn!(
-                            "skipping `{}` ({other:?}): only files and directories are synced out",
-                            path.display()
-                        );
-                    }
-                }
-            }
-        }
-    }
-    if kind == FileKind::File && !seen_top {
-        return Err(bad("the archive is empty".into()));
-    }
-    // Directory modes last, deepest first, so a read-only directory does not
-    // block its own unpacking.
-    for (dir, m) in dir_modes.into_iter().rev() {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m | 0o700))
-            .map_err(DockerError::host_io(&dir))?;
-    }
-    Ok(counts)
-}
-
-fn write_file(entry: &mut impl Read, dest: &Path, mode: u32, size: u64) -> Result<()> {
-    // The parent was created by this unpacker (never a symlink); create_new
-    // refuses anything already there.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode & 0o777)
-        .open(dest)
-        .map_err(DockerError::host_io(dest))?;
-    let copied =
-        std::io::copy(&mut entry.take(size), &mut f).map_err(DockerError::host_io(dest))?;
-    if copied != size {
+    if tops.len() != 1 || tops[0] != name {
         return Err(DockerError::SyncFailed(format!(
-            "short entry for `{}`",
-            dest.display()
+            "unsafe archive from the lease: expected the single top entry `{name}`, got {} entries",
+            tops.len()
         )));
     }
-    f.flush().map_err(DockerError::host_io(dest))?;
-    // umask may have cleared bits: set them exactly
-    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(mode & 0o777))
-        .map_err(DockerError::host_io(dest))?;
-    Ok(())
+    let top = payload.join(name);
+    let meta = fs::symlink_metadata(&top).map_err(DockerError::host_io(&top))?;
+    let (ok, what) = match kind {
+        FileKind::File => (meta.file_type().is_file(), "a regular file"),
+        FileKind::Directory => (meta.file_type().is_dir(), "a directory"),
+    };
+    if !ok {
+        return Err(DockerError::InvalidParams(format!(
+            "`{name}` in the lease is not {what}"
+        )));
+    }
+    let remote_mode = meta.mode() & 0o777;
+    if kind == FileKind::Directory {
+        prune(&top)?;
+    }
+    let counts = sandhost_archive::check_staged(&top, archive_kind(kind), &limits())?;
+    fs::set_permissions(
+        &top,
+        fs::Permissions::from_mode(mode.unwrap_or(remote_mode) & 0o777),
+    )
+    .map_err(DockerError::host_io(&top))?;
+    swap_into_place(&top, target, archive_kind(kind))?;
+    Ok(counts)
 }
 
 #[cfg(test)]
@@ -668,32 +574,139 @@ mod tests {
         assert!(excluded(&["node_modules/".into()], "a/node_modules"));
     }
 
+    fn dir_header(mode: u32) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(mode);
+        h.set_size(0);
+        h
+    }
+
+    fn file_header(mode: u32, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(mode);
+        h.set_size(size);
+        h
+    }
+
+    fn link(b: &mut tar::Builder<Vec<u8>>, name: &str, target: &str) {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_mode(0o777);
+        h.set_size(0);
+        b.append_link(&mut h, name, target).unwrap();
+    }
+
+    fn install(ar: &[u8], kind: FileKind, target: &Path) -> Result<Counts> {
+        install_download(ar, "t", kind, target, None, |_| Ok(()))
+    }
+
     #[test]
-    fn unpack_rejects_traversal_and_links() {
+    fn downloads_keep_in_tree_links_and_strip_special_bits() {
         let dir = tempfile::tempdir().unwrap();
         let mut b = tar::Builder::new(Vec::new());
-        let mut h = header(tar::EntryType::Directory, 0o755, 0);
-        b.append_data(&mut h, "t", std::io::empty()).unwrap();
-        let mut h = header(tar::EntryType::Symlink, 0o777, 0);
-        b.append_link(&mut h, "t/link", "/etc/passwd").unwrap();
-        let mut h = header(tar::EntryType::Regular, 0o4755, 2);
-        b.append_data(&mut h, "t/f", &b"hi"[..]).unwrap();
+        b.append_data(&mut dir_header(0o750), "t", std::io::empty())
+            .unwrap();
+        b.append_data(&mut file_header(0o4755, 2), "t/f", &b"hi"[..])
+            .unwrap();
+        link(&mut b, "t/l", "f");
         let ar = b.into_inner().unwrap();
         let target = dir.path().join("out");
-        unpack_safely(&ar, "t", FileKind::Directory, &target, None).unwrap();
-        assert!(!target.join("link").exists());
-        let mode = std::fs::metadata(target.join("f")).unwrap().mode() & 0o7777;
-        assert_eq!(mode, 0o755);
-
-        let mut raw = header(tar::EntryType::Regular, 0o644, 2);
-        raw.as_old_mut().name[..7].copy_from_slice(b"t/../x\0");
-        raw.set_cksum();
-        let mut ar = raw.as_bytes().to_vec();
-        ar.extend_from_slice(b"hi");
-        ar.resize(512 * 4, 0);
-        assert!(
-            unpack_safely(&ar, "t", FileKind::Directory, &dir.path().join("o2"), None).is_err()
+        std::fs::write(&target, "old").unwrap();
+        let c = install(&ar, FileKind::Directory, &target).unwrap();
+        assert_eq!((c.files, c.bytes, c.entries), (1, 2, 2));
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&target.join("f")), 0o755, "setuid stripped");
+        assert_eq!(mode(&target), 0o750, "the remote directory mode");
+        assert_eq!(
+            std::fs::read_link(target.join("l")).unwrap(),
+            Path::new("f")
         );
-        assert!(!dir.path().join("x").exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no staging directory is left behind");
+    }
+
+    #[test]
+    fn downloads_that_break_the_rules_leave_the_target_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("an absolute link", {
+                let mut b = tar::Builder::new(Vec::new());
+                b.append_data(&mut dir_header(0o755), "t", std::io::empty())
+                    .unwrap();
+                link(&mut b, "t/l", "/etc/passwd");
+                b.into_inner().unwrap()
+            }),
+            ("a link out of the downloaded tree", {
+                let mut b = tar::Builder::new(Vec::new());
+                b.append_data(&mut dir_header(0o755), "t", std::io::empty())
+                    .unwrap();
+                link(&mut b, "t/l", "..");
+                b.into_inner().unwrap()
+            }),
+            ("a second top entry", {
+                let mut b = tar::Builder::new(Vec::new());
+                b.append_data(&mut dir_header(0o755), "t", std::io::empty())
+                    .unwrap();
+                b.append_data(&mut file_header(0o644, 2), "x", &b"hi"[..])
+                    .unwrap();
+                b.into_inner().unwrap()
+            }),
+            ("`..` in a name", {
+                let mut raw = file_header(0o644, 2);
+                raw.as_old_mut().name[..7].copy_from_slice(b"t/../x\0");
+                raw.set_cksum();
+                let mut ar = raw.as_bytes().to_vec();
+                ar.extend_from_slice(b"hi");
+                ar.resize(512 * 4, 0);
+                ar
+            }),
+        ];
+        for (what, ar) in cases {
+            std::fs::write(&target, "old").unwrap();
+            let e = install(&ar, FileKind::Directory, &target).unwrap_err();
+            assert_eq!(e.code(), "E6112", "{what}: {e}");
+            assert_eq!(std::fs::read(&target).unwrap(), b"old", "{what}");
+            assert!(!dir.path().join("x").exists(), "{what}");
+            let left = std::fs::read_dir(dir.path()).unwrap().count();
+            assert_eq!(left, 1, "{what}: the staging directory is removed");
+        }
+    }
+
+    #[test]
+    fn a_file_download_keeps_its_mode_unless_told_and_never_replaces_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        b.append_data(&mut file_header(0o700, 2), "t", &b"hi"[..])
+            .unwrap();
+        let ar = b.into_inner().unwrap();
+        let target = dir.path().join("f");
+        install(&ar, FileKind::File, &target).unwrap();
+        let mode = std::fs::metadata(&target).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        install_download(&ar, "t", FileKind::File, &target, Some(0o640), |_| Ok(())).unwrap();
+        let mode = std::fs::metadata(&target).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o640);
+        let e = install(&ar, FileKind::Directory, &dir.path().join("d")).unwrap_err();
+        assert_eq!(e.code(), "E6115", "{e}");
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let e = install(&ar, FileKind::File, &dir.path().join("d")).unwrap_err();
+        assert_eq!(e.code(), "E6115", "{e}");
+    }
+
+    #[test]
+    fn archive_errors_keep_the_sync_codes() {
+        let cap = sandhost_archive::ArchiveError::CapExceeded {
+            cap: sandhost_archive::Cap::Bytes,
+            limit: 1,
+        };
+        assert_eq!(DockerError::from(cap).code(), "E6111");
+        let src = sandhost_archive::ArchiveError::SourceRejected {
+            path: "x".into(),
+            reason: "fifo".into(),
+        };
+        assert_eq!(DockerError::from(src).code(), "E6115");
     }
 }

@@ -549,3 +549,94 @@ async fn collect_channel(w: &mut Worker, ch: &str) -> (String, Value) {
         }
     }
 }
+
+/// A host that died between acquire and its store write left a lease row
+/// `acquiring` whose id went out as `runId` (the provider's lease id): the
+/// next host's reaper destroys the container and marks the row destroyed,
+/// once the row is old enough to belong to a dead process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_stranded_in_acquiring_is_reaped_by_the_next_host() {
+    use sandhost_runtime::host::{Host, HostConfig, STUCK_AFTER_SECS, TENANT};
+    use sandhost_runtime::plugins::Registry;
+    use sandhost_runtime::store::{LeaseState, NewLease, Store};
+
+    let docker = engine().await;
+    let home = tempfile::tempdir().unwrap();
+    let p = plugin();
+    let (row, env, db) = {
+        let store = Store::open(home.path()).unwrap();
+        let env = store.environment_for("docker", &config()).unwrap();
+        let row = store
+            .insert_lease(&NewLease {
+                environment_id: &env,
+                policy: sandhost_contract::resolve::LeasePolicy::Ephemeral,
+                plugin_id: &p.manifest.id,
+                plugin_version: &p.manifest.version,
+                driver_key: "docker",
+            })
+            .unwrap();
+        (row, env, store.path().to_path_buf())
+    };
+    assert_eq!(row.state, LeaseState::Acquiring);
+
+    // the dead host's acquire reached the provider; its answer was lost
+    let mut w = Worker::start().await;
+    let scope = json!({"driverKey": "docker", "companyId": TENANT, "environmentId": env, "config": config()});
+    let lease = w
+        .call(
+            "environmentAcquireLease",
+            with(scope, json!({"runId": row.id})),
+        )
+        .await
+        .expect("acquire");
+    assert_eq!(lease["providerLeaseId"], json!(row.id));
+    drop(w); // the host and its worker are gone
+    assert_eq!(labelled(&docker, &row.id).await, 1);
+
+    let open_host = || async {
+        let reg = Registry::discover(&[], None, vec![plugin()]);
+        assert!(reg.problems.is_empty(), "{:?}", reg.problems);
+        Host::open(HostConfig {
+            home: home.path().to_path_buf(),
+            registry: reg,
+            worker_options: Default::default(),
+        })
+        .await
+        .unwrap()
+    };
+    let lease_state = || {
+        Store::open(home.path())
+            .unwrap()
+            .lease(&row.id)
+            .unwrap()
+            .state
+    };
+
+    // a fresh row may still be some live host's acquire: left alone
+    open_host().await.shutdown().await;
+    assert_eq!(lease_state(), LeaseState::Acquiring);
+    assert_eq!(
+        labelled(&docker, &row.id).await,
+        1,
+        "a fresh row is not reaped"
+    );
+
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let n = conn
+        .execute(
+            "UPDATE leases SET updated_at = updated_at - ?1 WHERE id = ?2",
+            rusqlite::params![STUCK_AFTER_SECS + 60, row.id],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(conn);
+
+    let host = open_host().await;
+    assert_eq!(
+        labelled(&docker, &row.id).await,
+        0,
+        "the reaper destroyed the stranded container"
+    );
+    assert_eq!(lease_state(), LeaseState::Destroyed);
+    host.shutdown().await;
+}
