@@ -32,7 +32,7 @@
 //! the remote mode).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
@@ -68,11 +68,23 @@ pub struct TransferLimits {
     pub max_bytes: u64,
     /// Entries (files, directories, symlinks; the root not counted).
     pub max_entries: u64,
-    /// The raw bytes (file or tar archive) one fallback download may carry
-    /// back in a single exec. The whole payload travels base64-encoded in one
-    /// worker frame, so this must stay well below the frame limit.
-    pub max_fallback_payload: u64,
+    /// The raw bytes one exec answer of the fallback download carries: a
+    /// payload (file or tar archive) up to this size comes back whole in the
+    /// first answer, a larger one in chunks of this size, one exec each. It
+    /// bounds a single answer, never the payload: that is bounded by
+    /// `max_bytes` and `max_entries` alone. The answer is base64 (4/3 of the
+    /// raw size plus line breaks), so this must stay well below what a worker
+    /// captures of one command's stdout and below the frame limit.
+    pub fallback_chunk: u64,
 }
+
+/// Archive bytes allowed per entry on top of its content: a header, the
+/// padding, and a long name and a long link target with their own headers.
+const ARCHIVE_OVERHEAD_PER_ENTRY: u64 = 3 * 512 + 2 * MAX_PATH_LEN as u64;
+
+/// Archive bytes allowed on top of all entries: the end blocks and the
+/// padding of the last record.
+const ARCHIVE_SLACK: u64 = 64 * 1024;
 
 impl TransferLimits {
     fn archive(&self) -> sandhost_archive::Limits {
@@ -81,6 +93,14 @@ impl TransferLimits {
             max_entries: self.max_entries,
         }
     }
+
+    /// The largest tar archive of a tree within the byte and entry caps:
+    /// what a fallback download refuses to move before it starts.
+    pub fn max_archive_len(&self) -> u64 {
+        self.max_bytes
+            .saturating_add(self.max_entries.saturating_mul(ARCHIVE_OVERHEAD_PER_ENTRY))
+            .saturating_add(ARCHIVE_SLACK)
+    }
 }
 
 impl Default for TransferLimits {
@@ -88,8 +108,10 @@ impl Default for TransferLimits {
         Self {
             max_bytes: 1 << 30,
             max_entries: 100_000,
-            // 10 MiB encodes to about 13.5 MiB: inside the 16 MiB frame.
-            max_fallback_payload: 10 << 20,
+            // 512 KiB answers in about 700 KB of base64: inside the 1 MiB of
+            // stdout the local provider captures per command, the 4 MiB of
+            // the Docker provider and the 16 MiB frame
+            fallback_chunk: 512 << 10,
         }
     }
 }
@@ -154,6 +176,11 @@ pub enum TransferError {
 
     #[error("remote path `{path}` does not exist")]
     RemoteNotFound { path: String },
+
+    /// A chunked fallback download read a file that changed between its
+    /// chunks: a torn copy is never returned.
+    #[error("remote file `{path}` changed during the download: {detail}")]
+    RemoteChanged { path: String, detail: String },
 }
 
 impl From<WorkerError> for TransferError {
@@ -225,6 +252,7 @@ impl TransferError {
             Self::BadWorkerOutput { .. } => "E5108",
             Self::LocalEntryRejected { .. } => "E5109",
             Self::RemoteNotFound { .. } => "E5110",
+            Self::RemoteChanged { .. } => "E5111",
         })
     }
 
@@ -727,83 +755,357 @@ async fn fallback_upload(
     Ok(())
 }
 
+/// A fallback download, by the exec answers of the sandbox alone.
+///
+/// The first exec names what `remote` is and how large its payload is: the
+/// file itself, or for a directory a tar archive written to a temp file in
+/// the sandbox (`$TMPDIR`, else `/tmp`). The payload is checked against the
+/// caps there before anything moves (and again here: nothing from the sandbox
+/// is trusted). A payload up to [`TransferLimits::fallback_chunk`] comes back
+/// in that same answer, base64-encoded after the marker line; a larger one is
+/// read in chunks of that size, one exec each (`dd` with `skip`, which GNU
+/// coreutils and busybox both seek), streamed into the staged file or the
+/// unpacker as they arrive. Each chunk must have exactly the length the
+/// first answer promised, and after the last one the sandbox's SHA-256 of
+/// the payload must match the bytes received: a file that grows, shrinks or
+/// changes meanwhile fails with [`TransferError::RemoteChanged`]. The temp
+/// archive is removed by the last exec, or after any failure.
 async fn fallback_download(
     ctx: &LeaseContext,
     remote: &RemotePath,
     payload: &Path,
     limits: &TransferLimits,
 ) -> Result<FileKind, TransferError> {
-    // one exec: a marker line (directory / file / missing / other /
-    // too-large), then the base64 payload, bounded by the cap in the sandbox
-    // (and checked again here: nothing from the sandbox is trusted)
+    let chunk = limits.fallback_chunk.max(1);
+    // markers: directory / file (then the whole payload), chunked KIND SIZE
+    // [TMP], too-large KIND SIZE, missing, other
     let script = format!(
-        "p={p}; cap={cap}; t=''; \
-         if [ -d \"$p\" ]; then kind=directory; t=$(mktemp) || exit 1; \
+        "p={p}; fcap={fcap}; acap={acap}; inl={chunk}; t=''; \
+         if [ -d \"$p\" ]; then kind=directory; cap=$acap; \
+           t=$(mktemp \"${{TMPDIR:-/tmp}}/{TEMP_PREFIX}XXXXXXXX\") || exit 1; \
            tar -c -C \"$p\" . > \"$t\" || {{ rm -f \"$t\"; exit 2; }}; src=$t; \
-         elif [ -f \"$p\" ]; then kind=file; src=$p; \
+         elif [ -f \"$p\" ]; then kind=file; cap=$fcap; src=$p; \
          elif [ -e \"$p\" ] || [ -L \"$p\" ]; then echo other; exit 0; \
          else echo missing; exit 0; fi; \
          n=$(wc -c < \"$src\" | tr -d ' ') || n=''; \
          if [ -z \"$n\" ] || [ \"$n\" -gt \"$cap\" ]; then \
-           if [ -n \"$t\" ]; then rm -f \"$t\"; fi; echo \"too-large $n\"; exit 0; fi; \
+           if [ -n \"$t\" ]; then rm -f \"$t\"; fi; echo \"too-large $kind $n\"; exit 0; fi; \
+         if [ \"$n\" -gt \"$inl\" ]; then echo \"chunked $kind $n $t\"; exit 0; fi; \
          echo \"$kind\"; base64 < \"$src\"; rc=$?; \
          if [ -n \"$t\" ]; then rm -f \"$t\"; fi; exit $rc",
         p = shell_quote(&remote.full),
-        cap = limits.max_fallback_payload,
+        fcap = limits.max_bytes,
+        acap = limits.max_archive_len(),
     );
     let out = run(ctx, "reading the remote path", &script).await?;
     let (marker, body) = out.stdout.split_once('\n').unwrap_or((&out.stdout, ""));
-    let kind = match marker {
-        "directory" => FileKind::Directory,
-        "file" => FileKind::File,
-        m if m.starts_with("too-large") => {
-            return Err(TransferError::CapExceeded {
-                what: "fallback payload",
-                limit: limits.max_fallback_payload,
-            })
-        }
-        m => return Err(kind_marker_error(remote, m)),
+    let mut words = marker.splitn(4, ' ');
+    let (first, kind_word) = (words.next().unwrap_or_default(), words.next());
+    let kind = match kind_word {
+        Some("file") => FileKind::File,
+        Some("directory") => FileKind::Directory,
+        _ => FileKind::File,
     };
-    let clean: Vec<u8> = body.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    // a base64 payload of n bytes decodes to at most 3n/4
-    if clean.len() as u64 / 4 * 3 > limits.max_fallback_payload + 3 {
-        return Err(TransferError::CapExceeded {
-            what: "fallback payload",
-            limit: limits.max_fallback_payload,
+    match (first, kind_word) {
+        ("directory", None) | ("file", None) => {
+            let kind = if first == "file" {
+                FileKind::File
+            } else {
+                FileKind::Directory
+            };
+            let bytes = decode_answer(body, chunk)?;
+            if kind == FileKind::File {
+                check_file_caps(bytes.len() as u64, limits)?;
+            }
+            let (payload, limits) = (payload.to_path_buf(), limits.clone());
+            blocking(move || consume(kind, &bytes[..], &payload, &limits)).await?;
+            Ok(kind)
+        }
+        ("too-large", Some(_)) => Err(match kind {
+            FileKind::File => TransferError::CapExceeded {
+                what: "byte",
+                limit: limits.max_bytes,
+            },
+            FileKind::Directory => TransferError::CapExceeded {
+                what: "archive size",
+                limit: limits.max_archive_len(),
+            },
+        }),
+        ("chunked", Some("file" | "directory")) => {
+            let bad = |detail: String| TransferError::BadWorkerOutput { detail };
+            let size: u64 = words
+                .next()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| bad(format!("unexpected answer `{}`", truncate(marker, 80))))?;
+            let tmp = words.next().unwrap_or_default();
+            let source = match kind {
+                FileKind::File => {
+                    check_file_caps(size, limits)?;
+                    Chunked {
+                        path: remote.full.clone(),
+                        temp: false,
+                    }
+                }
+                FileKind::Directory => {
+                    check_remote_temp(tmp)?;
+                    let source = Chunked {
+                        path: tmp.to_string(),
+                        temp: true,
+                    };
+                    if size > limits.max_archive_len() {
+                        source.cleanup(ctx).await;
+                        return Err(TransferError::CapExceeded {
+                            what: "archive size",
+                            limit: limits.max_archive_len(),
+                        });
+                    }
+                    source
+                }
+            };
+            let got = fetch_chunks(ctx, &source, kind, size, chunk, payload, limits).await;
+            if got.is_err() {
+                source.cleanup(ctx).await;
+            }
+            got.map_err(|e| match e {
+                TransferError::RemoteChanged { detail, .. } => TransferError::RemoteChanged {
+                    path: remote.full.clone(),
+                    detail,
+                },
+                e => e,
+            })?;
+            Ok(kind)
+        }
+        _ => Err(kind_marker_error(remote, marker)),
+    }
+}
+
+/// A single downloaded file's size against the caps, before any byte moves.
+fn check_file_caps(size: u64, limits: &TransferLimits) -> Result<(), TransferError> {
+    let mut counts = Counts::default();
+    let archive_limits = limits.archive();
+    counts.add_entry(&archive_limits)?;
+    counts.add_file(size, &archive_limits)?;
+    Ok(())
+}
+
+/// The sandbox's temp archive, as `mktemp` named it: absolute, ours, one line.
+fn check_remote_temp(tmp: &str) -> Result<(), TransferError> {
+    let name = tmp.rsplit('/').next().unwrap_or_default();
+    if !tmp.starts_with('/')
+        || !name.starts_with(TEMP_PREFIX)
+        || tmp.chars().any(char::is_control)
+        || tmp.split('/').any(|c| c == "..")
+    {
+        return Err(TransferError::BadWorkerOutput {
+            detail: format!("temp archive named `{}`", truncate(tmp, 200)),
         });
+    }
+    Ok(())
+}
+
+/// Where the chunks of a download are read from inside the sandbox.
+struct Chunked {
+    path: String,
+    /// Our temp archive: removed when the download ends, either way.
+    temp: bool,
+}
+
+impl Chunked {
+    /// Remove the temp archive after a failure; best effort, the failure
+    /// already being reported.
+    async fn cleanup(&self, ctx: &LeaseContext) {
+        if self.temp {
+            let _ = ctx
+                .sh(&format!("rm -f {}", shell_quote(&self.path)), None)
+                .await;
+        }
+    }
+}
+
+/// Base64 from one exec answer, at most `cap` raw bytes.
+fn decode_answer(body: &str, cap: u64) -> Result<Vec<u8>, TransferError> {
+    let clean: Vec<u8> = body.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    let too_large = || TransferError::CapExceeded {
+        what: "fallback chunk",
+        limit: cap,
+    };
+    // n base64 bytes decode to at most 3n/4
+    if clean.len() as u64 / 4 * 3 > cap + 3 {
+        return Err(too_large());
     }
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(&clean)
         .map_err(|e| TransferError::BadWorkerOutput {
             detail: format!("payload is not base64: {e}"),
         })?;
-    if bytes.len() as u64 > limits.max_fallback_payload {
-        return Err(TransferError::CapExceeded {
-            what: "fallback payload",
-            limit: limits.max_fallback_payload,
-        });
+    if bytes.len() as u64 > cap {
+        return Err(too_large());
     }
-    let (payload, limits) = (payload.to_path_buf(), limits.clone());
-    blocking(move || match kind {
+    Ok(bytes)
+}
+
+/// Write a payload into the staging: a file as is, an archive unpacked.
+fn consume(
+    kind: FileKind,
+    mut payload_bytes: impl Read,
+    payload: &Path,
+    limits: &TransferLimits,
+) -> Result<(), TransferError> {
+    match kind {
         FileKind::File => {
-            let mut counts = Counts::default();
-            let archive_limits = limits.archive();
-            counts.add_entry(&archive_limits)?;
-            counts.add_file(bytes.len() as u64, &archive_limits)?;
-            let mut f = create_private(&payload)?;
-            f.write_all(&bytes).map_err(io_err("write", &payload))?;
-            Ok(FileKind::File)
+            let mut f = create_private(payload)?;
+            io::copy(&mut payload_bytes, &mut f).map_err(io_err("write", payload))?;
+            Ok(())
         }
         FileKind::Directory => {
             fs::DirBuilder::new()
                 .mode(0o700)
-                .create(&payload)
-                .map_err(io_err("create", &payload))?;
-            unpack_archive(&bytes, &payload, &limits)?;
-            Ok(FileKind::Directory)
+                .create(payload)
+                .map_err(io_err("create", payload))?;
+            sandhost_archive::unpack(payload_bytes, payload, &limits.archive())?;
+            Ok(())
         }
-    })
-    .await
+    }
+}
+
+/// Chunks arriving from the async side, read by the blocking consumer; the
+/// sender dropped is the end of the payload.
+struct ChunkReader {
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    chunk: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.chunk.len() {
+            match self.rx.recv() {
+                Ok(next) => {
+                    self.chunk = next;
+                    self.pos = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.pos);
+        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Read `size` bytes of `source` in chunks into the staging, then compare
+/// digests (and remove the temp archive).
+async fn fetch_chunks(
+    ctx: &LeaseContext,
+    source: &Chunked,
+    kind: FileKind,
+    size: u64,
+    chunk: u64,
+    payload: &Path,
+    limits: &TransferLimits,
+) -> Result<(), TransferError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+    let consumer = {
+        let (payload, limits) = (payload.to_path_buf(), limits.clone());
+        let reader = ChunkReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+        };
+        tokio::task::spawn_blocking(move || consume(kind, reader, &payload, &limits))
+    };
+    let mut consumer = Some(consumer);
+    let mut tx = Some(tx);
+    let quoted = shell_quote(&source.path);
+    let mut digest = sha256::Sha256::new();
+    let mut offset = 0u64;
+    let mut fetched = Ok(());
+    while offset < size {
+        let want = chunk.min(size - offset);
+        let script = format!(
+            "p={quoted}; if [ ! -r \"$p\" ]; then echo \"cannot read $p\" >&2; exit 1; fi; \
+             dd if=\"$p\" bs={chunk} skip={index} count=1 2>/dev/null | base64",
+            index = offset / chunk,
+        );
+        let bytes = match run(ctx, "reading a download chunk", &script).await {
+            Ok(out) => decode_answer(&out.stdout, chunk),
+            Err(e) => Err(e),
+        };
+        let bytes = match bytes {
+            Ok(b) if b.len() as u64 == want => b,
+            Ok(b) => {
+                fetched = Err(changed(format!(
+                    "{} bytes at offset {offset} where {want} were expected of {size}",
+                    b.len()
+                )));
+                break;
+            }
+            Err(e) => {
+                fetched = Err(e);
+                break;
+            }
+        };
+        offset += want;
+        digest.update(&bytes);
+        let sent = tx.as_ref().is_some_and(|tx| tx.send(bytes).is_ok());
+        if !sent {
+            // the consumer stopped: a refusal ends the download now; after a
+            // complete archive (its end blocks read), the rest is padding
+            // that only the digest still needs
+            tx = None;
+            if let Some(c) = consumer.take() {
+                join_consumer(c).await?;
+            }
+        }
+    }
+    drop(tx);
+    let consumed = match consumer {
+        Some(c) => join_consumer(c).await,
+        None => Ok(()),
+    };
+    // a failed fetch explains a consumer that saw the payload end early
+    fetched?;
+    consumed?;
+    let script = format!(
+        "p={quoted}; sha256sum \"$p\"{rm}",
+        rm = if source.temp {
+            "; rc=$?; rm -f \"$p\"; exit $rc"
+        } else {
+            ""
+        },
+    );
+    let out = run(ctx, "computing the payload digest", &script).await?;
+    let theirs = out.stdout.get(..64).unwrap_or_default();
+    if !theirs.bytes().all(|b| b.is_ascii_hexdigit()) || theirs.len() != 64 {
+        return Err(TransferError::BadWorkerOutput {
+            detail: format!("sha256sum answered `{}`", truncate(out.stdout.trim(), 200)),
+        });
+    }
+    let ours = digest.finish_hex();
+    if !theirs.eq_ignore_ascii_case(&ours) {
+        return Err(changed(format!(
+            "its sha256 is now {theirs}, the bytes read hash to {ours}"
+        )));
+    }
+    Ok(())
+}
+
+fn changed(detail: String) -> TransferError {
+    TransferError::RemoteChanged {
+        path: String::new(),
+        detail,
+    }
+}
+
+async fn join_consumer(
+    handle: tokio::task::JoinHandle<Result<(), TransferError>>,
+) -> Result<(), TransferError> {
+    handle.await.map_err(|e| TransferError::LocalIo {
+        doing: "run a blocking transfer step",
+        path: String::new(),
+        source: io::Error::other(e.to_string()),
+    })?
 }
 
 fn create_private(path: &Path) -> Result<File, TransferError> {
@@ -829,4 +1131,146 @@ pub fn unpack_archive(
     limits: &TransferLimits,
 ) -> Result<UnpackCounts, TransferError> {
     Ok(sandhost_archive::unpack(archive, root, &limits.archive())?)
+}
+
+// ---------------------------------------------------------------- sha-256
+
+/// SHA-256 (FIPS 180-4), incremental: the digest a chunked download compares
+/// with `sha256sum` in the sandbox.
+mod sha256 {
+    const K: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2,
+    ];
+
+    const H0: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+
+    pub struct Sha256 {
+        state: [u32; 8],
+        block: [u8; 64],
+        filled: usize,
+        len: u64,
+    }
+
+    impl Sha256 {
+        pub fn new() -> Self {
+            Self {
+                state: H0,
+                block: [0; 64],
+                filled: 0,
+                len: 0,
+            }
+        }
+
+        pub fn update(&mut self, mut data: &[u8]) {
+            self.len = self.len.wrapping_add(data.len() as u64);
+            while !data.is_empty() {
+                let n = (64 - self.filled).min(data.len());
+                self.block[self.filled..self.filled + n].copy_from_slice(&data[..n]);
+                self.filled += n;
+                data = &data[n..];
+                if self.filled == 64 {
+                    let block = self.block;
+                    self.compress(&block);
+                    self.filled = 0;
+                }
+            }
+        }
+
+        /// The digest as lowercase hex, as `sha256sum` prints it.
+        pub fn finish_hex(mut self) -> String {
+            let bits = self.len.wrapping_mul(8);
+            let mut tail = vec![0x80u8];
+            let pad = (119 - self.filled) % 64;
+            tail.extend(std::iter::repeat_n(0, pad));
+            tail.extend_from_slice(&bits.to_be_bytes());
+            self.update(&tail);
+            debug_assert_eq!(self.filled, 0);
+            self.state.iter().map(|w| format!("{w:08x}")).collect()
+        }
+
+        fn compress(&mut self, block: &[u8; 64]) {
+            let mut w = [0u32; 64];
+            for (i, word) in block.chunks_exact(4).enumerate() {
+                w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+            }
+            for i in 16..64 {
+                let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+                let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+                w[i] = w[i - 16]
+                    .wrapping_add(s0)
+                    .wrapping_add(w[i - 7])
+                    .wrapping_add(s1);
+            }
+            let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = self.state;
+            for i in 0..64 {
+                let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+                let ch = (e & f) ^ (!e & g);
+                let t1 = h
+                    .wrapping_add(s1)
+                    .wrapping_add(ch)
+                    .wrapping_add(K[i])
+                    .wrapping_add(w[i]);
+                let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+                let maj = (a & b) ^ (a & c) ^ (b & c);
+                let t2 = s0.wrapping_add(maj);
+                h = g;
+                g = f;
+                f = e;
+                e = d.wrapping_add(t1);
+                d = c;
+                c = b;
+                b = a;
+                a = t1.wrapping_add(t2);
+            }
+            for (s, v) in self.state.iter_mut().zip([a, b, c, d, e, f, g, h]) {
+                *s = s.wrapping_add(v);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::Sha256;
+
+        fn hex(parts: &[&[u8]]) -> String {
+            let mut h = Sha256::new();
+            for p in parts {
+                h.update(p);
+            }
+            h.finish_hex()
+        }
+
+        #[test]
+        fn known_digests_and_any_split_agree() {
+            assert_eq!(
+                hex(&[]),
+                "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+            );
+            assert_eq!(
+                hex(&[b"abc"]),
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+            );
+            assert_eq!(
+                hex(&[b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"]),
+                "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+            );
+            let data: Vec<u8> = (0..1000u32).map(|i| (i * 31 % 251) as u8).collect();
+            let whole = hex(&[&data]);
+            for cut in [0, 1, 55, 56, 63, 64, 65, 500, 999] {
+                assert_eq!(hex(&[&data[..cut], &data[cut..]]), whole, "cut {cut}");
+            }
+        }
+    }
 }

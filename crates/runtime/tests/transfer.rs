@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sandhost_contract::resolve::{LeaseFacts, Verified};
+use sandhost_contract::ProviderCapability;
 use sandhost_protocol::{methods, AcquireLeaseParams, EnvironmentScope};
 use sandhost_runtime::context::LeaseContext;
 use sandhost_runtime::plugins::{Plugin, PluginSource};
@@ -25,6 +26,7 @@ use tempfile::TempDir;
 const NATIVE: &str = "../../examples/python-provider";
 const FALLBACK: &str = "tests/plugins/python-no-native-sync";
 const HOSTILE: &str = "tests/plugins/hostile-tar";
+const CHANGING: &str = "tests/plugins/changing-file";
 
 fn plugin_dir(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -41,6 +43,10 @@ struct Leased {
 
 async fn lease(plugin: &str, env: Vec<(String, String)>) -> Leased {
     let plugin = Plugin::load(&plugin_dir(plugin), PluginSource::Flag).expect("plugin loads");
+    lease_plugin(plugin, env).await
+}
+
+async fn lease_plugin(plugin: Plugin, env: Vec<(String, String)>) -> Leased {
     let state = TempDir::new().unwrap();
     let mut spec = plugin.worker_spec();
     spec.env.push((
@@ -742,11 +748,11 @@ async fn an_entry_claiming_a_huge_size_is_refused_before_any_byte_is_written() {
 }
 
 #[tokio::test]
-async fn a_fallback_payload_over_its_cap_is_refused() {
+async fn a_fallback_answer_over_the_chunk_bound_is_refused() {
     let err = refused(
         "huge-file",
         TransferLimits {
-            max_fallback_payload: 1000,
+            fallback_chunk: 1000,
             ..TransferLimits::default()
         },
     )
@@ -755,7 +761,7 @@ async fn a_fallback_payload_over_its_cap_is_refused() {
         matches!(
             err,
             TransferError::CapExceeded {
-                what: "fallback payload",
+                what: "fallback chunk",
                 ..
             }
         ),
@@ -801,4 +807,197 @@ async fn worker_errors_keep_their_own_code_visible() {
     assert_eq!(err.code().as_str(), "E5107");
     assert_eq!(err.worker_code().map(|c| c.as_str()), Some("E4106"));
     assert!(err.to_string().contains("E4106"), "{err}");
+}
+
+// ---------------------------------------------------------------- chunked fallback download
+
+/// A lease on the Python example provider narrowed to the fallback (native
+/// sync in declared off), with the sandbox's `$TMPDIR` in `tmp`.
+async fn fallback_lease(tmp: &Path) -> Leased {
+    let plugin = Plugin::load(&plugin_dir(NATIVE), PluginSource::Flag)
+        .unwrap()
+        .narrowed("python-tempdir", ProviderCapability::NativeSyncIn);
+    let l = lease_plugin(plugin, vec![("TMPDIR".into(), tmp.display().to_string())]).await;
+    assert!(!l.ctx.snapshot.native_sync());
+    l
+}
+
+/// Pseudo-random bytes (xorshift), every byte value present.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The transfer temp files the sandbox left in its `$TMPDIR`.
+fn leftover_temps(tmp: &Path) -> Vec<String> {
+    names(tmp)
+        .into_iter()
+        .filter(|n| n.starts_with(".sandhost-"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_64_mib_file_comes_back_byte_identical_through_the_chunked_fallback() {
+    let tmp = TempDir::new().unwrap();
+    let l = fallback_lease(tmp.path()).await;
+    let work = TempDir::new().unwrap();
+    let data = noise(64 << 20, 0x9e37_79b9_7f4a_7c15);
+    // written straight into the sandbox: the upload fallback (32 KiB per
+    // exec) is not what this measures
+    write(&l.root.as_ref().unwrap().join("big.bin"), &data, 0o600);
+    let dest = work.path().join("big.bin");
+    let limits = TransferLimits::default();
+    let t = std::time::Instant::now();
+    let r = download(&l.ctx, "big.bin", &dest, &limits).await.unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "fallback download of 64 MiB in {} chunks: {secs:.2} s, {:.1} MiB/s",
+        (64 << 20) / limits.fallback_chunk,
+        64.0 / secs
+    );
+    assert_eq!(
+        (r.path, r.files, r.bytes),
+        (TransferPath::Base64Fallback, 1, 64 << 20)
+    );
+    assert!(fs::read(&dest).unwrap() == data, "byte-identical");
+    assert_eq!(
+        node(&dest),
+        Node::File {
+            mode: 0o644,
+            len: 64 << 20,
+            hash: fnv(&data)
+        }
+    );
+    assert_eq!(names(work.path()), vec!["big.bin"], "no staging left");
+    assert_eq!(leftover_temps(tmp.path()), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_tree_over_the_frame_limit_round_trips_through_the_fallback() {
+    let tmp = TempDir::new().unwrap();
+    let l = fallback_lease(tmp.path()).await;
+    let work = TempDir::new().unwrap();
+    let src = work.path().join("src");
+    build_tree(&src);
+    for i in 0..3u64 {
+        write(
+            &src.join(format!("nested/big{i}.bin")),
+            &noise(6 << 20, i + 1),
+            0o640,
+        );
+    }
+    for i in 0..200 {
+        write(
+            &src.join(format!("many/f{i:03}")),
+            format!("{i}\n").as_bytes(),
+            0o644,
+        );
+    }
+    let limits = TransferLimits::default();
+    let up = upload(&l.ctx, &src, "proj", &limits).await.unwrap();
+    assert_eq!(up.path, TransferPath::Base64Fallback);
+    assert!(up.bytes > 16 << 20, "{} bytes", up.bytes);
+    let dest = work.path().join("back");
+    let down = download(&l.ctx, "proj", &dest, &limits).await.unwrap();
+    assert_eq!(down.path, TransferPath::Base64Fallback);
+    assert_eq!((down.files, down.bytes), (up.files, up.bytes));
+    assert_eq!(tree(&dest), tree(&src), "bytes, modes and links survive");
+    assert_eq!(names(work.path()), vec!["back", "src"], "no staging left");
+    assert_eq!(leftover_temps(tmp.path()), Vec::<String>::new());
+    assert_eq!(names(l.root.as_ref().unwrap()), vec!["proj"]);
+}
+
+#[tokio::test]
+async fn a_file_changed_between_chunks_fails_loudly_and_nothing_lands() {
+    let l = lease(CHANGING, vec![]).await;
+    assert!(!l.ctx.snapshot.native_sync());
+    let root = l.root.clone().unwrap();
+    let work = TempDir::new().unwrap();
+    let dest = work.path().join("dest");
+    write(&dest, b"keep", 0o600);
+    let limits = TransferLimits {
+        fallback_chunk: 64 << 10,
+        ..TransferLimits::default()
+    };
+    // a size that is a multiple of the chunk: growth shows only in the digest
+    for (name, len) in [
+        ("flip-a", 300_000),
+        ("grow-b", 256 << 10),
+        ("grow-c", 300_000),
+        ("shrink-d", 300_000),
+    ] {
+        write(&root.join(name), &noise(len, 7), 0o644);
+        let err = download(&l.ctx, name, &dest, &limits).await.unwrap_err();
+        assert_eq!(err.code().as_str(), "E5111", "{name}: {err}");
+        assert!(
+            matches!(&err, TransferError::RemoteChanged { path, .. } if path == name),
+            "{err:?}"
+        );
+        assert_eq!(
+            fs::read(&dest).unwrap(),
+            b"keep",
+            "{name}: destination untouched"
+        );
+        assert_eq!(names(work.path()), vec!["dest"], "{name}: no staging left");
+    }
+    // unchanged, the same download goes through
+    write(&root.join("still"), &noise(300_000, 9), 0o644);
+    download(&l.ctx, "still", &dest, &limits).await.unwrap();
+    assert_eq!(fs::read(&dest).unwrap(), noise(300_000, 9));
+}
+
+#[tokio::test]
+async fn the_sandbox_temp_archive_is_removed_after_a_failed_download() {
+    let tmp = TempDir::new().unwrap();
+    let l = fallback_lease(tmp.path()).await;
+    let work = TempDir::new().unwrap();
+    let remote = l.root.clone().unwrap().join("proj");
+    write(&remote.join("big.bin"), &noise(3 << 20, 3), 0o644);
+    for i in 0..20 {
+        write(&remote.join(format!("f{i:02}")), b"x", 0o644);
+    }
+    let dest = work.path().join("dest");
+    // refused while streaming: the entry cap, many chunks in
+    let entries = TransferLimits {
+        max_entries: 5,
+        ..TransferLimits::default()
+    };
+    let err = download(&l.ctx, "proj", &dest, &entries).await.unwrap_err();
+    assert!(
+        matches!(err, TransferError::CapExceeded { what: "entry", .. }),
+        "{err:?}"
+    );
+    assert_eq!(leftover_temps(tmp.path()), Vec::<String>::new());
+    // refused in the sandbox before anything moves: the archive is too large
+    let bytes = TransferLimits {
+        max_bytes: 1 << 20,
+        max_entries: 30,
+        ..TransferLimits::default()
+    };
+    let err = download(&l.ctx, "proj", &dest, &bytes).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransferError::CapExceeded {
+                what: "archive size",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(leftover_temps(tmp.path()), Vec::<String>::new());
+    // and after a success
+    download(&l.ctx, "proj", &dest, &TransferLimits::default())
+        .await
+        .unwrap();
+    assert_eq!(tree(&dest), tree(&remote));
+    assert_eq!(leftover_temps(tmp.path()), Vec::<String>::new());
+    assert_eq!(names(work.path()), vec!["dest"], "no staging left");
 }
