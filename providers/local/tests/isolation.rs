@@ -504,40 +504,64 @@ fn concurrent_execs_in_one_sandbox() {
     sb.destroy().unwrap();
 }
 
-/// Helper run in a separate process by `sandbox_outlives_its_creator`.
-#[test]
-#[ignore]
-fn helper_create_in_child_process() {
-    let Ok(root) = std::env::var("SANDHOST_TEST_ROOT") else {
-        return;
-    };
-    let mut c = config();
-    c.state_root = PathBuf::from(root);
-    let sb = LocalSandbox::create(&c).unwrap();
-    sh(&sb, "echo from-creator > /workspace/mark");
-    println!("SANDBOX_ID={}", sb.id());
-}
-
 #[test]
 fn sandbox_outlives_its_creator() {
     need_root!();
     let root = state_root().join("outlive");
-    let o = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "helper_create_in_child_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("SANDHOST_TEST_ROOT", &root)
-        .output()
+    // the creator: the worker binary, in its own process, which acquires a
+    // lease (creating the sandbox), writes a mark into it and exits
+    let run_id = format!("outlive-{}", std::process::id());
+    let lines = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "environmentAcquireLease", "params": {
+            "driverKey": "local", "companyId": "t", "environmentId": "e", "issueId": null,
+            "config": {"stateRoot": root.display().to_string()}, "runId": run_id}}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "environmentExecute", "params": {
+            "driverKey": "local", "companyId": "t", "environmentId": "e", "issueId": null,
+            "config": {"stateRoot": root.display().to_string()},
+            "lease": {"providerLeaseId": run_id, "expiresAt": null},
+            "command": "sh", "args": ["-c", "echo from-creator > /workspace/mark"], "bypassSession": true}}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "shutdown", "params": {}}),
+    ];
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandhost-provider-local"))
+        .env_remove("SANDHOST_HOME")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    let id = text
-        .lines()
-        .find_map(|l| l.strip_prefix("SANDBOX_ID="))
-        .unwrap_or_else(|| panic!("no id in {text}"))
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut answers = Vec::new();
+    for line in &lines {
+        use std::io::{BufRead, Write};
+        writeln!(stdin, "{line}").unwrap();
+        // one request at a time: shutdown drops calls still running
+        loop {
+            let mut answer = String::new();
+            assert!(
+                stdout.read_line(&mut answer).unwrap() > 0,
+                "the creator answers {line}"
+            );
+            let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            if v["id"] == line["id"] {
+                answers.push(v);
+                break;
+            }
+        }
+    }
+    drop(stdin);
+    assert!(
+        child.wait().unwrap().success(),
+        "the creator exited cleanly"
+    );
+    let id = answers[1]["result"]["providerLeaseId"]
+        .as_str()
+        .unwrap()
         .to_string();
+    assert_eq!(id, run_id);
+    let exec = &answers[2];
+    assert_eq!(exec["result"]["exitCode"], 0, "{exec}");
     let sb = Sb(Some(LocalSandbox::open(Path::new(&root), &id).unwrap()));
     assert_eq!(out(&sh(&sb, "cat /workspace/mark")), "from-creator\n");
     sb.destroy().unwrap();
