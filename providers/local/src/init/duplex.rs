@@ -13,10 +13,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::server::{resolve, DEFAULT_PATH};
+use super::server::{child, exec_failure, resolve, ChildSetup, ChildStdio, DEFAULT_PATH};
 use super::InitConfig;
 use crate::proto::{self, ChanExit, ChanKill, ChanOpened, Fail, PtySpec, TcpSpec};
 use crate::sys::{self, ChildStatus};
@@ -710,8 +709,8 @@ fn spawn_pty(
     let (fail_r, fail_w) = sys::pipe().map_err(|e| ("spawn", format!("pipe: {e}")))?;
     let pid = sys::fork().map_err(|e| ("spawn", format!("fork: {e}")))?;
     if pid == 0 {
-        pty_child(PtyChild {
-            slave: slave.as_raw_fd(),
+        child(ChildSetup {
+            stdio: ChildStdio::Pty(slave.as_raw_fd()),
             fail: fail_w.as_raw_fd(),
             nofile: cfg.nofile,
             fsize: cfg.fsize,
@@ -722,75 +721,12 @@ fn spawn_pty(
         });
     }
     drop((slave, fail_w));
-    let mut errno = [0u8; 4];
-    let mut fail_r = File::from(fail_r);
-    let mut got = 0;
-    while got < 4 {
-        match fail_r.read(&mut errno[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    if got == 4 {
+    if let Some(err) = exec_failure(fail_r) {
         let _ = sys::wait_pid(pid);
-        let err = std::io::Error::from_raw_os_error(i32::from_le_bytes(errno));
         return Err((
             "spawn",
             format!("cannot start {} in {}: {err}", prog.display(), spec.cwd),
         ));
     }
     Ok((master, pid, format!("/dev/pts/{number}")))
-}
-
-struct PtyChild<'a> {
-    slave: RawFd,
-    fail: RawFd,
-    nofile: u64,
-    fsize: u64,
-    cwd: &'a CString,
-    prog: &'a CString,
-    argv: &'a [CString],
-    envp: &'a [CString],
-}
-
-/// In the forked child: new session, the slave as stdio and controlling
-/// terminal, signals reset, rlimits, chdir, exec (errno back through `fail`).
-fn pty_child(s: PtyChild<'_>) -> ! {
-    let report = |e: std::io::Error| -> ! {
-        let code = sys::errno_of(&e).to_le_bytes();
-        let _ = sys::write_raw(s.fail, &code);
-        sys::exit_now(127)
-    };
-    if let Err(e) = sys::setsid() {
-        report(e)
-    }
-    for target in 0..3 {
-        if let Err(e) = sys::dup2(s.slave, target) {
-            report(e)
-        }
-    }
-    if let Err(e) = sys::set_controlling_tty(0) {
-        report(e)
-    }
-    if let Err(e) = sys::close_fds_except(&[s.fail]) {
-        report(e)
-    }
-    sys::reset_signals();
-    let limits = [
-        (sys::RLIMIT_NOFILE, s.nofile),
-        (sys::RLIMIT_FSIZE, s.fsize),
-        (sys::RLIMIT_CORE, 0),
-    ];
-    for (res, v) in limits {
-        if let Err(e) = sys::setrlimit(res, v, v) {
-            report(e)
-        }
-    }
-    if let Err(e) = std::env::set_current_dir(Path::new(s.cwd.to_str().unwrap_or("/"))) {
-        report(e)
-    }
-    let e = sys::execve(s.prog, s.argv, s.envp);
-    report(e)
 }

@@ -561,7 +561,7 @@ impl Server {
         let pid = sys::fork().map_err(|e| ("spawn", format!("fork: {e}")))?;
         if pid == 0 {
             child(ChildSetup {
-                fds: [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+                stdio: ChildStdio::Pipes([in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()]),
                 fail: fail_w.as_raw_fd(),
                 nofile,
                 fsize,
@@ -572,20 +572,8 @@ impl Server {
             });
         }
         drop((in_r, out_w, err_w, fail_w));
-        let mut errno = [0u8; 4];
-        let mut fail_r = File::from(fail_r);
-        let mut got = 0;
-        while got < 4 {
-            match fail_r.read(&mut errno[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        if got == 4 {
+        if let Some(err) = exec_failure(fail_r) {
             let _ = sys::wait_pid(pid);
-            let err = std::io::Error::from_raw_os_error(i32::from_le_bytes(errno));
             return Err((
                 "spawn",
                 format!("cannot start {} in {}: {err}", prog.display(), spec.cwd),
@@ -618,19 +606,47 @@ impl Server {
     }
 }
 
-struct ChildSetup<'a> {
-    fds: [i32; 3],
-    fail: i32,
-    nofile: u64,
-    fsize: u64,
-    cwd: &'a CString,
-    prog: &'a CString,
-    argv: &'a [CString],
-    envp: &'a [CString],
+/// What the forked child's stdin, stdout and stderr are.
+pub(super) enum ChildStdio {
+    /// Three pipe ends.
+    Pipes([i32; 3]),
+    /// A pty slave, which also becomes the controlling terminal.
+    Pty(i32),
 }
 
-/// In the forked child: wire stdio, reset signals, set rlimits, chdir, exec.
-fn child(s: ChildSetup<'_>) -> ! {
+pub(super) struct ChildSetup<'a> {
+    pub(super) stdio: ChildStdio,
+    /// Where an exec failure's errno goes (see [`exec_failure`]).
+    pub(super) fail: i32,
+    pub(super) nofile: u64,
+    pub(super) fsize: u64,
+    pub(super) cwd: &'a CString,
+    pub(super) prog: &'a CString,
+    pub(super) argv: &'a [CString],
+    pub(super) envp: &'a [CString],
+}
+
+/// After a fork: `None` when the child got as far as exec (the fail pipe
+/// closed on exec), else the errno it reported.
+pub(super) fn exec_failure(fail_r: std::os::fd::OwnedFd) -> Option<std::io::Error> {
+    let mut errno = [0u8; 4];
+    let mut fail_r = File::from(fail_r);
+    let mut got = 0;
+    while got < 4 {
+        match fail_r.read(&mut errno[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    (got == 4).then(|| std::io::Error::from_raw_os_error(i32::from_le_bytes(errno)))
+}
+
+/// In the forked child: a new session, stdio (pipes, or a pty that becomes
+/// the controlling terminal), signals reset, rlimits, chdir, exec; an errno
+/// goes back through `fail` (read by [`exec_failure`]).
+pub(super) fn child(s: ChildSetup<'_>) -> ! {
     let report = |e: std::io::Error| -> ! {
         let code = sys::errno_of(&e).to_le_bytes();
         let _ = sys::write_raw(s.fail, &code);
@@ -639,9 +655,23 @@ fn child(s: ChildSetup<'_>) -> ! {
     if let Err(e) = sys::setsid() {
         report(e)
     }
-    for (target, fd) in s.fds.iter().enumerate() {
-        if let Err(e) = sys::dup2(*fd, target as i32) {
-            report(e)
+    match s.stdio {
+        ChildStdio::Pipes(fds) => {
+            for (target, fd) in fds.iter().enumerate() {
+                if let Err(e) = sys::dup2(*fd, target as i32) {
+                    report(e)
+                }
+            }
+        }
+        ChildStdio::Pty(slave) => {
+            for target in 0..3 {
+                if let Err(e) = sys::dup2(slave, target) {
+                    report(e)
+                }
+            }
+            if let Err(e) = sys::set_controlling_tty(0) {
+                report(e)
+            }
         }
     }
     if let Err(e) = sys::close_fds_except(&[s.fail]) {

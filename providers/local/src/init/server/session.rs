@@ -40,7 +40,10 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{child, resolve, ChildSetup, Server, Tag, DEFAULT_PATH, LINGER, READ_CHUNK};
+use super::{
+    child, exec_failure, resolve, ChildSetup, ChildStdio, Server, Tag, DEFAULT_PATH, LINGER,
+    READ_CHUNK,
+};
 use crate::proto::{self, ExecDone, ExecSpec};
 use crate::sys::{self, ChildStatus};
 
@@ -578,7 +581,7 @@ impl Server {
         let pid = sys::fork().map_err(|e| format!("fork: {e}"))?;
         if pid == 0 {
             child(ChildSetup {
-                fds: [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+                stdio: ChildStdio::Pipes([in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()]),
                 fail: fail_w.as_raw_fd(),
                 nofile: self.cfg.nofile,
                 fsize: self.cfg.fsize,
@@ -589,20 +592,8 @@ impl Server {
             });
         }
         drop((in_r, out_w, err_w, fail_w));
-        let mut errno = [0u8; 4];
-        let mut fail_r = File::from(fail_r);
-        let mut got = 0;
-        while got < 4 {
-            match fail_r.read(&mut errno[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        if got == 4 {
+        if let Some(err) = exec_failure(fail_r) {
             let _ = sys::wait_pid(pid);
-            let err = std::io::Error::from_raw_os_error(i32::from_le_bytes(errno));
             return Err(format!("cannot start the session shell: {err}"));
         }
         let _ = sys::set_nonblocking(in_w.as_fd(), true);
