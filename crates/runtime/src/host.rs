@@ -789,9 +789,10 @@ impl Host {
         };
         // claim it: of several processes killing one sandbox, one does it and
         // the others are told it is gone
-        if row.state == LeaseState::Destroyed
-            || !self.with_store(|s| s.claim_lease(&row, LeaseState::Destroying))?
-        {
+        // only a live lease can be claimed: one already `destroying` belongs
+        // to the process that claimed it first
+        let live = matches!(row.state, LeaseState::Active | LeaseState::Released);
+        if !live || !self.with_store(|s| s.claim_lease(&row, LeaseState::Destroying))? {
             return Err(RuntimeError::NotFound {
                 what: "sandbox",
                 id: id.into(),
