@@ -7,7 +7,6 @@
 //! read, the far end (pty master or socket) is not read either; when the far
 //! end does not take input, the host connection is not read. A host that
 //! disconnects kills what its channel runs.
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -15,7 +14,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use super::server::{child, exec_failure, resolve, ChildSetup, ChildStdio, DEFAULT_PATH};
+use super::server::{child, exec_failure, prepare_command, ChildSetup, ChildStdio};
 use super::InitConfig;
 use crate::proto::{self, ChanExit, ChanKill, ChanOpened, Fail, PtySpec, TcpSpec};
 use crate::sys::{self, ChildStatus};
@@ -662,46 +661,13 @@ fn spawn_pty(
     cfg: &InitConfig,
     spec: &PtySpec,
 ) -> Result<(OwnedFd, i32, String), (&'static str, String)> {
-    if spec.argv.is_empty() {
-        return Err(("invalid", "empty argv".into()));
-    }
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), DEFAULT_PATH.into()),
-        ("HOME".into(), "/workspace".into()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("HOSTNAME".into(), cfg.hostname.clone()),
-        ("TERM".into(), "xterm-256color".into()),
-    ];
-    for (k, v) in &spec.env {
-        if k.is_empty() || k.contains('=') {
-            return Err((
-                "invalid",
-                format!("invalid environment variable name {k:?}"),
-            ));
-        }
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.clone(), v.clone()));
-    }
-    let path_var = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default();
-    let prog = resolve(&spec.argv[0], &path_var)
-        .ok_or_else(|| ("not_found", format!("command not found: {}", spec.argv[0])))?;
-    let c = |s: &str| CString::new(s).map_err(|_| ("invalid", "NUL byte in argument".to_string()));
-    let prog_c = CString::new(prog.as_os_str().as_encoded_bytes())
-        .map_err(|_| ("invalid", "NUL byte in path".to_string()))?;
-    let argv = spec
-        .argv
-        .iter()
-        .map(|a| c(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let envp = env
-        .iter()
-        .map(|(k, v)| c(&format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let cwd = c(&spec.cwd)?;
+    let cmd = prepare_command(
+        &cfg.hostname,
+        &[("TERM", "xterm-256color")],
+        &spec.argv,
+        &spec.env,
+        &spec.cwd,
+    )?;
     let (master, slave, number) =
         sys::open_pty().map_err(|e| ("spawn", format!("cannot allocate a pty: {e}")))?;
     sys::set_winsize(master.as_fd(), spec.cols, spec.rows)
@@ -714,10 +680,10 @@ fn spawn_pty(
             fail: fail_w.as_raw_fd(),
             nofile: cfg.nofile,
             fsize: cfg.fsize,
-            cwd: &cwd,
-            prog: &prog_c,
-            argv: &argv,
-            envp: &envp,
+            cwd: &cmd.cwd,
+            prog: &cmd.prog_c,
+            argv: &cmd.argv,
+            envp: &cmd.envp,
         });
     }
     drop((slave, fail_w));
@@ -725,7 +691,7 @@ fn spawn_pty(
         let _ = sys::wait_pid(pid);
         return Err((
             "spawn",
-            format!("cannot start {} in {}: {err}", prog.display(), spec.cwd),
+            format!("cannot start {} in {}: {err}", cmd.prog.display(), spec.cwd),
         ));
     }
     Ok((master, pid, format!("/dev/pts/{number}")))

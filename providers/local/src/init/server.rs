@@ -511,46 +511,7 @@ impl Server {
         spec: &ExecSpec,
         stdin: Vec<u8>,
     ) -> Result<Exec, (&'static str, String)> {
-        if spec.argv.is_empty() {
-            return Err(("invalid", "empty argv".into()));
-        }
-        let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), DEFAULT_PATH.into()),
-            ("HOME".into(), "/workspace".into()),
-            ("LANG".into(), "C.UTF-8".into()),
-            ("HOSTNAME".into(), self.cfg.hostname.clone()),
-        ];
-        for (k, v) in &spec.env {
-            if k.is_empty() || k.contains('=') {
-                return Err((
-                    "invalid",
-                    format!("invalid environment variable name {k:?}"),
-                ));
-            }
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
-        }
-        let path_var = env
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default();
-        let prog = resolve(&spec.argv[0], &path_var)
-            .ok_or_else(|| ("not_found", format!("command not found: {}", spec.argv[0])))?;
-        let c =
-            |s: &str| CString::new(s).map_err(|_| ("invalid", "NUL byte in argument".to_string()));
-        let prog_c = CString::new(prog.as_os_str().as_encoded_bytes())
-            .map_err(|_| ("invalid", "NUL byte in path".to_string()))?;
-        let argv = spec
-            .argv
-            .iter()
-            .map(|a| c(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        let envp = env
-            .iter()
-            .map(|(k, v)| c(&format!("{k}={v}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let cwd = c(&spec.cwd)?;
+        let cmd = prepare_command(&self.cfg.hostname, &[], &spec.argv, &spec.env, &spec.cwd)?;
         let io = |e: std::io::Error| ("spawn", format!("pipe: {e}"));
         let (in_r, in_w) = sys::pipe().map_err(io)?;
         let (out_r, out_w) = sys::pipe().map_err(io)?;
@@ -565,10 +526,10 @@ impl Server {
                 fail: fail_w.as_raw_fd(),
                 nofile,
                 fsize,
-                cwd: &cwd,
-                prog: &prog_c,
-                argv: &argv,
-                envp: &envp,
+                cwd: &cmd.cwd,
+                prog: &cmd.prog_c,
+                argv: &cmd.argv,
+                envp: &cmd.envp,
             });
         }
         drop((in_r, out_w, err_w, fail_w));
@@ -576,7 +537,7 @@ impl Server {
             let _ = sys::wait_pid(pid);
             return Err((
                 "spawn",
-                format!("cannot start {} in {}: {err}", prog.display(), spec.cwd),
+                format!("cannot start {} in {}: {err}", cmd.prog.display(), spec.cwd),
             ));
         }
         let stdin = if stdin.is_empty() && !spec.stdin_stream {
@@ -693,6 +654,70 @@ pub(super) fn child(s: ChildSetup<'_>) -> ! {
     }
     let e = sys::execve(s.prog, s.argv, s.envp);
     report(e)
+}
+
+/// A command ready to exec in the sandbox.
+pub(super) struct Prepared {
+    pub(super) prog: PathBuf,
+    pub(super) prog_c: CString,
+    pub(super) argv: Vec<CString>,
+    pub(super) envp: Vec<CString>,
+    pub(super) cwd: CString,
+}
+
+/// The sandbox's base environment (plus `extra`), the request's `env` over
+/// it, the program resolved on its PATH, everything as C strings: what an
+/// exec and a pty command both need before the fork.
+pub(super) fn prepare_command(
+    hostname: &str,
+    extra: &[(&str, &str)],
+    argv: &[String],
+    request_env: &[(String, String)],
+    cwd: &str,
+) -> Result<Prepared, (&'static str, String)> {
+    if argv.is_empty() {
+        return Err(("invalid", "empty argv".into()));
+    }
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), "/workspace".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("HOSTNAME".into(), hostname.into()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, v) in request_env {
+        if k.is_empty() || k.contains('=') {
+            return Err((
+                "invalid",
+                format!("invalid environment variable name {k:?}"),
+            ));
+        }
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let prog = resolve(&argv[0], &path_var)
+        .ok_or_else(|| ("not_found", format!("command not found: {}", argv[0])))?;
+    let c = |s: &str| CString::new(s).map_err(|_| ("invalid", "NUL byte in argument".to_string()));
+    let prog_c = CString::new(prog.as_os_str().as_encoded_bytes())
+        .map_err(|_| ("invalid", "NUL byte in path".to_string()))?;
+    let argv = argv.iter().map(|a| c(a)).collect::<Result<Vec<_>, _>>()?;
+    let envp = env
+        .iter()
+        .map(|(k, v)| c(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd = c(cwd)?;
+    Ok(Prepared {
+        prog,
+        prog_c,
+        argv,
+        envp,
+        cwd,
+    })
 }
 
 pub(super) fn resolve(prog: &str, path_var: &str) -> Option<PathBuf> {
